@@ -1,0 +1,51 @@
+package pgdedup
+
+import (
+	"context"
+	"time"
+)
+
+// EventKind says what an Event reports.
+type EventKind int
+
+// The outcomes reported to Config.OnEvent.
+const (
+	// EventProcessed: fn committed for Count new message IDs (1 for Process).
+	EventProcessed EventKind = iota + 1
+	// EventDuplicate: Count IDs were already recorded and skipped.
+	EventDuplicate
+	// EventRetry: attempt number Attempt failed with the transient Err and is retried.
+	EventRetry
+	// EventInFlight: another transaction held the ID past Config.LockTimeout.
+	EventInFlight
+	// EventCleanup: a Cleanup run deleted Count expired rows in Duration (Err if it failed).
+	EventCleanup
+)
+
+var eventKindNames = [...]string{"", "processed", "duplicate", "retry", "in_flight", "cleanup"}
+
+// String returns a short lower-case name, suitable as a metric label.
+func (k EventKind) String() string {
+	if k > 0 && int(k) < len(eventKindNames) {
+		return eventKindNames[k]
+	}
+	return "unknown"
+}
+
+// Event is one outcome reported to Config.OnEvent.
+type Event struct {
+	Kind      EventKind
+	Consumer  string
+	MessageID string        // the ID, for single-message events; empty for batches and cleanup
+	Count     int64         // IDs processed or skipped, or rows deleted
+	Attempt   int           // for EventRetry: the attempt that failed, from 1
+	Duration  time.Duration // for EventProcessed and EventCleanup: time taken
+	Err       error         // for EventRetry and EventCleanup
+}
+
+func (s *Store) emit(ctx context.Context, e Event) {
+	if s.cfg.OnEvent != nil {
+		e.Consumer = s.cfg.Consumer
+		s.cfg.OnEvent(ctx, e)
+	}
+}

@@ -1,0 +1,96 @@
+package pgdedup_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// bundle is what most tests need: a migrated schema, a Store on it and a
+// business table, charges, with one row per charged order.
+type bundle struct {
+	db    *pgtest.DB
+	pool  *pgxpool.Pool
+	store *pgdedup.Store
+}
+
+func setup(t *testing.T, cfg pgdedup.Config) *bundle {
+	t.Helper()
+	db := pgtest.New(t)
+	if cfg.Consumer == "" {
+		cfg.Consumer = "billing"
+	}
+	store, err := pgdedup.New(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL, consumer text NOT NULL DEFAULT '')`)
+	return &bundle{db: db, pool: db.Pool, store: store}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustExec(t testing.TB, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// charge is the business write of the tests.
+func charge(orderID string) func(context.Context, pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, orderID)
+		return err
+	}
+}
+
+// chargesPerOrder returns how many charges each order has.
+func chargesPerOrder(t *testing.T, pool *pgxpool.Pool) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT order_id, count(*) FROM charges GROUP BY order_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	var id string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// recorded reports whether id is in processed_messages for consumer.
+func recorded(t *testing.T, pool *pgxpool.Pool, consumer, id string) bool {
+	t.Helper()
+	var ok bool
+	err := pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM processed_messages WHERE consumer = $1 AND message_id = $2)`, consumer, id).Scan(&ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}

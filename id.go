@@ -1,0 +1,79 @@
+package pgdedup
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxMessageIDLen is the longest message ID accepted, in bytes.
+const MaxMessageIDLen = 1024
+
+// ValidateMessageID returns nil if id can be recorded, or an error wrapping
+// ErrInvalidMessageID that says why not. Process and Claim call it before any
+// round trip; it is exported for consumers that want to reject a message early.
+func ValidateMessageID(id string) error {
+	if len(id) > MaxMessageIDLen {
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidMessageID, len(id), MaxMessageIDLen)
+	}
+	if err := validateText(id); err != nil {
+		return fmt.Errorf("%w: %s", ErrInvalidMessageID, err)
+	}
+	return nil
+}
+
+// validateText rejects what Postgres text cannot hold or what can never be a
+// meaningful key.
+func validateText(s string) error {
+	switch {
+	case s == "":
+		return errors.New("empty")
+	case !utf8.ValidString(s):
+		return errors.New("not valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		return errors.New("contains a NUL byte")
+	}
+	return nil
+}
+
+// prepareBatch validates every ID and returns them sorted and without repeats,
+// the order in which they are inserted so that overlapping batches lock rows in
+// the same order and cannot deadlock. One bad ID rejects the whole batch.
+func prepareBatch(ids []string) ([]string, error) {
+	for i, id := range ids {
+		if err := ValidateMessageID(id); err != nil {
+			return nil, fmt.Errorf("message %d of %d: %w", i, len(ids), err)
+		}
+	}
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	return slices.Compact(sorted), nil
+}
+
+// inInputOrder returns the IDs of ids that are in fresh, in the order they
+// first appear in ids, each once.
+func inInputOrder(ids []string, fresh map[string]struct{}) []string {
+	if len(fresh) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(fresh))
+	for _, id := range ids {
+		if _, ok := fresh[id]; ok {
+			out = append(out, id)
+			delete(fresh, id)
+		}
+	}
+	return out
+}
+
+// ContentKey returns the hex SHA-256 of payload, a message ID for sources that
+// give none (content-based dedup). Two messages with the same bytes get the same
+// key, so only use it where an identical payload means an identical intent.
+func ContentKey(payload []byte) string {
+	sum := sha256.Sum256(payload)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,51 @@
+// Package cli implements the pgdedup command. Each subcommand lives in a file
+// of its own; Main dispatches to them and returns the process exit code.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+const usage = `pgdedup: operations for the pgdedup dedup table.
+
+Usage:
+  pgdedup <command> [flags]
+
+Commands:
+  migrate up|down|status|sql   apply, revert or show pgdedup's migrations
+  cleanup [--batch N] [--dry-run]
+                               delete expired message IDs (for cron)
+  stats [--json]               rows per consumer, expiry, table size
+  demo                         see exactly-once against broken recipes
+
+The database comes from --database-url or DATABASE_URL.
+Run "pgdedup <command> --help" for a command's flags and examples.
+`
+
+// Main runs the pgdedup command with args (without the program name) and
+// returns the exit code: 0 on success, 1 on failure, 2 on bad usage.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "migrate":
+		return runMigrate(ctx, rest, stdout, stderr)
+	case "cleanup":
+		return runCleanup(ctx, rest, stdout, stderr)
+	case "stats":
+		return runStats(ctx, rest, stdout, stderr)
+	case "demo":
+		return runDemo(ctx, rest, stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "pgdedup: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+}

@@ -1,0 +1,208 @@
+// Package pgtest gives each test its own freshly migrated schema in a real
+// PostgreSQL database.
+//
+// The database is, in order: TEST_DATABASE_URL if set; else a container from
+// testcontainers' postgres module when a Docker engine answers; else
+// postgres://postgres@localhost:5432/postgres?sslmode=disable. When none
+// answers, the test fails naming all three. It never skips.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+// LocalURL is the database tried last, the docker-compose service.
+const LocalURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+
+var (
+	once   sync.Once
+	dbURL  string
+	urlErr error
+)
+
+// URL returns the URL of the test database, resolving it once per test binary.
+func URL(t testing.TB) string {
+	t.Helper()
+	once.Do(func() { dbURL, urlErr = resolve() })
+	if urlErr != nil {
+		t.Fatal(urlErr)
+	}
+	return dbURL
+}
+
+func resolve() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		if err := ping(ctx, u); err != nil {
+			return "", fmt.Errorf("pgtest: TEST_DATABASE_URL does not answer: %w", err)
+		}
+		return u, nil
+	}
+	tcErr := errNoDocker
+	if dockerAnswers(ctx) {
+		var u string
+		if u, tcErr = startContainer(ctx); tcErr == nil {
+			return u, nil
+		}
+	}
+	localErr := ping(ctx, LocalURL)
+	if localErr == nil {
+		return LocalURL, nil
+	}
+	return "", fmt.Errorf("pgtest: no PostgreSQL for tests: set TEST_DATABASE_URL (unset), "+
+		"or run a Docker engine for testcontainers (%v), or start Postgres at %s (%v)", tcErr, LocalURL, localErr)
+}
+
+var errNoDocker = fmt.Errorf("no Docker engine answers")
+
+func dockerAnswers(ctx context.Context) (ok bool) {
+	defer func() {
+		if recover() != nil { // older testcontainers releases panic without Docker
+			ok = false
+		}
+	}()
+	p, err := testcontainers.NewDockerProvider()
+	if err != nil {
+		return false
+	}
+	defer p.Close()
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return p.Health(hctx) == nil
+}
+
+// startContainer starts postgres:17-alpine. Ryuk, testcontainers' reaper,
+// removes it when the test binary exits.
+func startContainer(ctx context.Context) (string, error) {
+	c, err := tcpostgres.Run(ctx, "postgres:17-alpine",
+		tcpostgres.WithDatabase("pgdedup"),
+		tcpostgres.WithUsername("postgres"),
+		tcpostgres.WithPassword("postgres"),
+		tcpostgres.BasicWaitStrategies(),
+	)
+	if err != nil {
+		return "", fmt.Errorf("testcontainers: %w", err)
+	}
+	return c.ConnectionString(ctx, "sslmode=disable")
+}
+
+func ping(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.Ping(ctx)
+}
+
+// DB is a test's database: a pool whose connections use the test's own
+// schema as search_path, migrated with pgdedup.Migrate.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string // unquoted; safe to use unquoted in SQL (letters, digits, _)
+	URL    string // connection URL with search_path set to Schema
+}
+
+// New creates a schema for t, migrates it and returns a pool on it. The schema
+// is dropped and the pool closed when t ends.
+func New(t testing.TB) *DB {
+	t.Helper()
+	db := NewUnmigrated(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := pgdedup.Migrate(ctx, sqlDB); err != nil {
+		t.Fatalf("pgtest: migrate %s: %v", db.Schema, err)
+	}
+	return db
+}
+
+// NewUnmigrated is New without the migrations: an empty schema.
+func NewUnmigrated(t testing.TB) *DB {
+	t.Helper()
+	base := URL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := "pgdedup_test_" + randomHex(6)
+
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("pgtest: create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+
+	url, err := WithSearchPath(base, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return &DB{Pool: pool, Schema: schema, URL: url}
+}
+
+// WithSearchPath returns the connection string u (URL or key=value form)
+// with its search_path set to schema.
+func WithSearchPath(u, schema string) (string, error) {
+	if !strings.HasPrefix(u, "postgres://") && !strings.HasPrefix(u, "postgresql://") {
+		return u + " search_path=" + schema, nil
+	}
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "", fmt.Errorf("pgtest: parse database URL: %w", err)
+	}
+	q := parsed.Query()
+	q.Set("search_path", schema)
+	parsed.RawQuery = q.Encode()
+	return parsed.String(), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

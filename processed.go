@@ -1,0 +1,316 @@
+// Package pgdedup gives services on PostgreSQL exactly-once effects from
+// at-least-once message delivery.
+//
+// A message's ID is inserted into processed_messages, unique on
+// (consumer, message_id), in the same transaction as the business write. A
+// duplicate finds the row and is skipped; a crash before COMMIT records nothing,
+// so the redelivered message is processed again; Cleanup deletes rows once the
+// redelivery window has passed.
+//
+//	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+//	...
+//	processed, err := store.Process(ctx, msg.ID, func(ctx context.Context, tx pgx.Tx) error {
+//		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, amount) VALUES ($1, $2)", o.ID, o.Amount)
+//		return err
+//	})
+//	// err == nil: ack the message, whether processed is true or it was a duplicate.
+package pgdedup
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what a Store needs from Postgres. *pgxpool.Pool satisfies it and is
+// what services should pass; a *pgx.Conn does too, but then the Store must not
+// be used from several goroutines at once, like the Conn itself.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Config configures a Store. Only Consumer is required.
+type Config struct {
+	// Consumer scopes message IDs: the same ID under two consumers is processed
+	// once by each. Use one name per logical handler ("billing", "emails").
+	// Required.
+	Consumer string
+
+	// Table is the dedup table, optionally schema-qualified ("ops.processed_messages").
+	// Each part must be a plain identifier (letters, digits, _ and $, not starting
+	// with a digit, at most 63 bytes); it is quoted, so case is kept.
+	// Defaults to "processed_messages", resolved through the search_path.
+	Table string
+
+	// Retention is how long an ID is remembered: expires_at = now() + Retention
+	// at claim time, and Cleanup deletes the row after that. It must exceed the
+	// longest time the broker can redeliver a message (take at least twice that).
+	// Defaults to 48h.
+	Retention time.Duration
+
+	// LockTimeout bounds how long a delivery waits for another transaction that
+	// holds the same ID (a duplicate delivered while the first is in flight).
+	// Zero waits until the first finishes, then skips (it committed) or proceeds
+	// (it rolled back). Above zero, the wait gives up after LockTimeout (rounded
+	// up to a millisecond) with ErrInFlight: nack or requeue the message.
+	// Defaults to 0.
+	LockTimeout time.Duration
+
+	// MaxAttempts is how many times Process and ProcessBatch try a message when
+	// an attempt fails transiently (serialization failure 40001, deadlock 40P01,
+	// a lost connection, including during COMMIT). Defaults to 3; 1 disables
+	// retries.
+	MaxAttempts int
+
+	// TxOptions are the options of the transactions Process and ProcessBatch
+	// begin. Defaults to the zero value: read committed, read write.
+	TxOptions pgx.TxOptions
+
+	// Logger receives a debug record for each skipped duplicate, a warning for
+	// each retried attempt and cleanup failure, and an info record per cleanup
+	// run. Defaults to discarding.
+	Logger *slog.Logger
+
+	// OnEvent, when set, is called synchronously after each outcome, for metrics:
+	// messages processed, duplicates skipped, retries, in-flight give-ups and
+	// cleanup runs (see EventKind). It must be fast and safe for concurrent use.
+	// Defaults to nil.
+	OnEvent func(ctx context.Context, e Event)
+
+	// CleanupBatchSize is how many expired rows one Cleanup transaction deletes
+	// at most. Defaults to 10,000.
+	CleanupBatchSize int
+}
+
+// Store records processed message IDs for one consumer. It is safe for
+// concurrent use when its DB is (a *pgxpool.Pool is).
+type Store struct {
+	db  DB
+	cfg Config
+	log *slog.Logger
+	sql statements
+}
+
+const (
+	defaultTable            = "processed_messages"
+	defaultRetention        = 48 * time.Hour
+	defaultMaxAttempts      = 3
+	defaultCleanupBatchSize = 10_000
+)
+
+var (
+	// ErrInvalidMessageID is returned, wrapped with the reason, for an ID that is
+	// empty, not valid UTF-8, contains a NUL byte or is longer than MaxMessageIDLen
+	// bytes. Nothing is sent to the database.
+	ErrInvalidMessageID = errors.New("pgdedup: invalid message ID")
+
+	// ErrInFlight is returned when Config.LockTimeout is set and another
+	// transaction still holds the same message ID after that long. The message
+	// was not processed by this call: nack or requeue it so it is retried.
+	ErrInFlight = errors.New("pgdedup: message is being processed by another transaction")
+
+	errNilFunc = errors.New("pgdedup: fn must not be nil")
+)
+
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+// New returns a Store that records IDs for cfg.Consumer in db. It checks cfg and
+// fills in defaults; it does not touch the database (run Migrate first).
+func New(db DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("pgdedup: db must not be nil")
+	}
+	if cfg.Consumer == "" {
+		return nil, errors.New("pgdedup: Config.Consumer is required")
+	}
+	if err := validateText(cfg.Consumer); err != nil {
+		return nil, fmt.Errorf("pgdedup: invalid Config.Consumer: %s", err)
+	}
+	cfg.Table = cmp.Or(cfg.Table, defaultTable)
+	ident, err := parseTable(cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Retention < 0:
+		return nil, fmt.Errorf("pgdedup: Config.Retention must be positive, got %s", cfg.Retention)
+	case cfg.LockTimeout < 0:
+		return nil, fmt.Errorf("pgdedup: Config.LockTimeout must not be negative, got %s", cfg.LockTimeout)
+	case cfg.MaxAttempts < 0:
+		return nil, fmt.Errorf("pgdedup: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
+	case cfg.CleanupBatchSize < 0:
+		return nil, fmt.Errorf("pgdedup: Config.CleanupBatchSize must not be negative, got %d", cfg.CleanupBatchSize)
+	}
+	cfg.Retention = cmp.Or(cfg.Retention, defaultRetention)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
+	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, defaultCleanupBatchSize)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Store{db: db, cfg: cfg, log: logger, sql: newStatements(ident, cfg.Retention, cfg.LockTimeout)}, nil
+}
+
+// parseTable splits "schema.table" or "table" into a quoted identifier.
+func parseTable(name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("pgdedup: invalid Config.Table %q: want table or schema.table", name)
+	}
+	for _, p := range parts {
+		if !identRe.MatchString(p) {
+			return nil, fmt.Errorf("pgdedup: invalid Config.Table %q: %q is not a plain identifier (letters, digits, _ or $, not starting with a digit, at most 63 bytes)", name, p)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+// Consumer returns the consumer name the Store records IDs under.
+func (s *Store) Consumer() string { return s.cfg.Consumer }
+
+// Table returns the quoted, possibly schema-qualified name of the dedup table.
+func (s *Store) Table() string { return s.sql.table }
+
+// Process runs fn exactly once per messageID for the Store's consumer, in one
+// transaction with the claim of the ID, and reports whether it ran.
+//
+// BEGIN and the claim go to Postgres in one round trip. If the ID is new, fn
+// runs in the transaction, which then commits: the business write and the ID
+// are recorded together or not at all. A duplicate returns (false, nil) without
+// calling fn. Either way a nil error means the message is done: ack it.
+//
+// If fn returns an error, the transaction rolls back, the ID is not recorded
+// and the error is returned as is (errors.Is works); if fn panics, the
+// transaction rolls back and the panic continues. Keep fn's side effects inside
+// tx: fn may run again after a rolled-back attempt.
+//
+// Transient failures (serialization failure, deadlock, lost connection,
+// including during COMMIT) are retried up to Config.MaxAttempts, with jittered
+// backoff. After a connection lost during COMMIT the outcome is unknown; the
+// retry finds the ID if that commit landed and then reports a duplicate, so
+// processed may be false for a message whose effects this call committed.
+func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (processed bool, err error) {
+	if err := ValidateMessageID(messageID); err != nil {
+		return false, err
+	}
+	if fn == nil {
+		return false, errNilFunc
+	}
+	err = s.retry(ctx, messageID, func() error {
+		var err error
+		processed, err = s.processOnce(ctx, messageID, fn)
+		return err
+	})
+	return processed, err
+}
+
+func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Context, pgx.Tx) error) (bool, error) {
+	start := time.Now()
+	b := &pgx.Batch{}
+	b.BeginTx(s.cfg.TxOptions)
+	s.queueClaim(b, id)
+	br := s.db.SendBatch(ctx, b)
+	tx := br.Tx()
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
+
+	claimed, err := s.readClaim(br, id, true)
+	if err != nil {
+		s.inFlight(ctx, err, id)
+		return false, err
+	}
+	if !claimed {
+		s.duplicate(ctx, id, 1)
+		return false, tx.Rollback(ctx)
+	}
+	if err := fn(ctx, tx); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("pgdedup: commit %q: %w", id, err)
+	}
+	s.emit(ctx, Event{Kind: EventProcessed, MessageID: id, Count: 1, Duration: time.Since(start)})
+	return true, nil
+}
+
+// ProcessBatch is Process for many messages at once: one transaction claims all
+// of messageIDs (one statement, whatever the count) and runs fn once with the
+// IDs that are new, in the order they first appear in messageIDs. When none is
+// new, fn is not called and fresh is empty. fn must handle exactly the fresh
+// messages: their IDs are recorded when the transaction commits.
+//
+// Errors, panics and retries behave as in Process. If any ID is invalid, the
+// whole batch is rejected with ErrInvalidMessageID, naming its index, before
+// anything is sent.
+func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(ctx context.Context, tx pgx.Tx, fresh []string) error) (fresh []string, err error) {
+	sorted, err := prepareBatch(messageIDs)
+	if err != nil || len(sorted) == 0 {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, errNilFunc
+	}
+	err = s.retry(ctx, "", func() error {
+		var err error
+		fresh, err = s.processBatchOnce(ctx, messageIDs, sorted, fn)
+		return err
+	})
+	return fresh, err
+}
+
+func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
+	start := time.Now()
+	b := &pgx.Batch{}
+	b.BeginTx(s.cfg.TxOptions)
+	s.queueClaimBatch(b, sorted)
+	br := s.db.SendBatch(ctx, b)
+	tx := br.Tx()
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
+
+	fresh, err := s.readClaimBatch(br, ids, true)
+	if err != nil {
+		s.inFlight(ctx, err, "")
+		return nil, err
+	}
+	if dups := len(sorted) - len(fresh); dups > 0 {
+		s.duplicate(ctx, "", dups)
+	}
+	if len(fresh) == 0 {
+		return nil, tx.Rollback(ctx)
+	}
+	if err := fn(ctx, tx, fresh); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("pgdedup: commit batch: %w", err)
+	}
+	s.emit(ctx, Event{Kind: EventProcessed, Count: int64(len(fresh)), Duration: time.Since(start)})
+	return fresh, nil
+}
+
+func (s *Store) duplicate(ctx context.Context, id string, n int) {
+	if id != "" {
+		s.log.DebugContext(ctx, "pgdedup: skipped duplicate", "consumer", s.cfg.Consumer, "message_id", id)
+	} else {
+		s.log.DebugContext(ctx, "pgdedup: skipped duplicates", "consumer", s.cfg.Consumer, "count", n)
+	}
+	s.emit(ctx, Event{Kind: EventDuplicate, MessageID: id, Count: int64(n)})
+}
+
+func (s *Store) inFlight(ctx context.Context, err error, id string) {
+	if errors.Is(err, ErrInFlight) {
+		s.log.DebugContext(ctx, "pgdedup: message in flight elsewhere", "consumer", s.cfg.Consumer, "message_id", id)
+		s.emit(ctx, Event{Kind: EventInFlight, MessageID: id})
+	}
+}
