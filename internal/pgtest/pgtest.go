@@ -206,3 +206,33 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// ForExample gives an Example function a migrated schema of its own, like New.
+// It panics when no database answers; call the returned func when done.
+func ForExample() (*pgxpool.Pool, func()) {
+	once.Do(func() { dbURL, urlErr = resolve() })
+	if urlErr != nil {
+		panic(urlErr)
+	}
+	t := &exampleTB{}
+	db := New(t)
+	return db.Pool, t.cleanup
+}
+
+// exampleTB is the part of testing.TB that New uses, for Example functions.
+type exampleTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                   {}
+func (e *exampleTB) Cleanup(f func())          { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatal(args ...any)         { panic(fmt.Sprint(args...)) }
+func (e *exampleTB) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (e *exampleTB) Errorf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+
+func (e *exampleTB) cleanup() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}
