@@ -59,3 +59,53 @@ start_rabbitmq() {
   fi
   wait_for RabbitMQ rabbitmq-diagnostics -q check_port_connectivity
 }
+
+# PgBouncer in transaction pooling mode on 127.0.0.1:6432, in front of the
+# Postgres on 127.0.0.1:5432, for the second test pass (see .ci/run).
+# Any role may log in: auth_type=trust, and roles missing from the auth file are
+# looked up with auth_query as postgres, so the per-test roles pgtest creates
+# (TEST_PGBOUNCER=1) connect without a reload. Idle server connections close
+# after 10 s and at most 50 are open, because every test role gets its own pool
+# and the shared Postgres allows 100.
+PGBOUNCER_DIR=${PGBOUNCER_DIR:-/tmp/pgdedup-ci-pgbouncer}
+start_pgbouncer() {
+  command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
+  if pg_isready -q -h 127.0.0.1 -p 6432; then return 0; fi
+  mkdir -p "$PGBOUNCER_DIR"
+  cat >"$PGBOUNCER_DIR/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=5432
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = 6432
+unix_socket_dir =
+pool_mode = transaction
+auth_type = trust
+auth_file = $PGBOUNCER_DIR/userlist.txt
+auth_user = postgres
+auth_query = SELECT usename, passwd FROM pg_shadow WHERE usename = \$1
+admin_users = postgres
+max_client_conn = 1000
+default_pool_size = 20
+max_db_connections = 50
+server_idle_timeout = 10
+logfile = $PGBOUNCER_DIR/pgbouncer.log
+pidfile = $PGBOUNCER_DIR/pgbouncer.pid
+INI
+  echo '"postgres" ""' >"$PGBOUNCER_DIR/userlist.txt"
+  echo "ci: starting PgBouncer (transaction pooling) on 127.0.0.1:6432"
+  if [ "$(id -u)" = 0 ]; then # PgBouncer refuses to run as root
+    chown -R postgres "$PGBOUNCER_DIR"
+    /usr/sbin/pgbouncer -d -u postgres "$PGBOUNCER_DIR/pgbouncer.ini"
+  else
+    /usr/sbin/pgbouncer -d "$PGBOUNCER_DIR/pgbouncer.ini"
+  fi
+  wait_for PgBouncer psql -h 127.0.0.1 -p 6432 -U postgres -d test -tAc 'select 1'
+}
+
+stop_pgbouncer() {
+  local pid
+  pid=$(cat "$PGBOUNCER_DIR/pgbouncer.pid" 2>/dev/null) || return 0
+  kill "$pid" 2>/dev/null || true
+}

@@ -5,6 +5,11 @@
 // testcontainers' postgres module when a Docker engine answers; else
 // postgres://postgres@localhost:5432/postgres?sslmode=disable. When none
 // answers, the test fails naming all three. It never skips.
+//
+// With TEST_PGBOUNCER set, TEST_DATABASE_URL is taken to point at PgBouncer in
+// transaction pooling mode, which refuses search_path as a startup parameter:
+// each test then also gets a login role of its own whose default search_path
+// is its schema (see PgBouncer).
 package pgtest
 
 import (
@@ -120,7 +125,13 @@ func ping(ctx context.Context, url string) error {
 type DB struct {
 	Pool   *pgxpool.Pool
 	Schema string // unquoted; safe to use unquoted in SQL (letters, digits, _)
-	URL    string // connection URL with search_path set to Schema
+
+	// URL connects to the test's schema: search_path is set to Schema in it,
+	// or, behind PgBouncer, it logs in as the test's role, whose default
+	// search_path is Schema.
+	URL string
+
+	base string // the database URL, logging in as its superuser
 }
 
 // New creates a schema for t, migrates it and returns a pool on it. The schema
@@ -151,7 +162,7 @@ func NewUnmigrated(t testing.TB) *DB {
 		t.Fatalf("pgtest: connect: %v", err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+	if err := createSchema(ctx, admin, schema); err != nil {
 		t.Fatalf("pgtest: create schema: %v", err)
 	}
 	t.Cleanup(func() {
@@ -163,12 +174,12 @@ func NewUnmigrated(t testing.TB) *DB {
 			return
 		}
 		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+		if err := dropSchema(ctx, conn, schema); err != nil {
 			t.Errorf("pgtest: drop schema %s: %v", schema, err)
 		}
 	})
 
-	url, err := WithSearchPath(base, schema)
+	url, err := schemaURL(base, schema)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +193,7 @@ func NewUnmigrated(t testing.TB) *DB {
 		t.Fatalf("pgtest: pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	return &DB{Pool: pool, Schema: schema, URL: url}
+	return &DB{Pool: pool, Schema: schema, URL: url, base: base}
 }
 
 // WithSearchPath returns the connection string u (URL or key=value form)
