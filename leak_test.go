@@ -1,0 +1,183 @@
+package pgdedup_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+// leakBundle is a pool whose sessions carry their own application_name, so
+// pg_stat_activity shows which sessions are the test's, directly and behind
+// PgBouncer, and a Store on it.
+type leakBundle struct {
+	*bundle
+	app   string
+	pool  *pgxpool.Pool
+	store *pgdedup.Store
+}
+
+// Behind PgBouncer the test's two pools share server connections, which keep
+// the last application_name set on them: the checks leave out their own session.
+
+// setupLeak is setup plus the application_name pool and, on charges, a
+// deferred trigger that makes COMMIT sleep 10 s for order "slow-commit", to
+// cancel a Process while its COMMIT runs.
+func setupLeak(t *testing.T) *leakBundle {
+	t.Helper()
+	b := setup(t, pgdedup.Config{})
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := "leak_" + b.db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if n := pool.Stat().AcquiredConns(); n != 0 { // Close would wait for them forever
+			t.Errorf("%d connections leaked: pool left open", n)
+			return
+		}
+		pool.Close()
+	})
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, b.pool, `CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+'BEGIN PERFORM pg_sleep(10); RETURN NULL; END'`)
+	mustExec(t, b.pool, `CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON charges
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.order_id = 'slow-commit') EXECUTE FUNCTION slow_commit()`)
+	return &leakBundle{bundle: b, app: app, pool: pool, store: store}
+}
+
+// assertNothingLeft checks that id is not recorded and not charged, that the
+// pool has no connection checked out, and that no session of the pool is left
+// in a transaction or running a statement. Sessions whose client went away
+// end asynchronously, so pg_stat_activity gets a few seconds to settle.
+func (l *leakBundle) assertNothingLeft(t *testing.T, id string) {
+	t.Helper()
+	if recorded(t, l.bundle.pool, "billing", id) {
+		t.Errorf("%s recorded", id)
+	}
+	if n := chargesPerOrder(t, l.bundle.pool)[id]; n != 0 {
+		t.Errorf("%s charged %d times, want 0", id, n)
+	}
+	// A connection broken by the cancellation is released at once but closed in
+	// the background; it counts as acquired until it is closed.
+	acquired := int32(0)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if acquired = l.pool.Stat().AcquiredConns(); acquired == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if acquired != 0 {
+		t.Errorf("%d connections still acquired from the pool after 5s", acquired)
+	}
+	const busy = `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle' AND pid <> pg_backend_pid()`
+	n := 0
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if n = count(t, l.bundle.pool, busy, l.app); n == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if n != 0 {
+		var sessions string
+		_ = l.bundle.pool.QueryRow(context.Background(), `SELECT string_agg(format('%s %s %s: %s', pid, state, wait_event, query), '; ')
+FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle' AND pid <> pg_backend_pid()`, l.app).Scan(&sessions)
+		t.Errorf("%d sessions still in a transaction or a statement after 5s: %s", n, sessions)
+	}
+}
+
+// cancelWhen calls cancel as soon as a session of the pool runs a statement
+// LIKE query while waiting on waitEvent (as pg_stat_activity reports them).
+func (l *leakBundle) cancelWhen(t *testing.T, query, waitEvent string, cancel func()) {
+	t.Helper()
+	go func() {
+		defer cancel()
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			var n int
+			err := l.bundle.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = $1 AND query LIKE $2 AND wait_event = $3 AND pid <> pg_backend_pid()`, l.app, query, waitEvent).Scan(&n)
+			if err != nil {
+				t.Errorf("watching pg_stat_activity: %v", err)
+				return
+			}
+			if n > 0 {
+				return
+			}
+		}
+		t.Errorf("no session ran %q waiting on %s within 20s", query, waitEvent)
+	}()
+}
+
+func isCanceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &pgErr) && pgErr.Code == "57014") // query_canceled
+}
+
+// TestCancellationLeavesNothingOpen cancels Process, ProcessBatch, Claim,
+// Cleanup and RunCleaner at every stage. Each stage must return an error, record
+// nothing, and leave no connection checked out, no open transaction and, at the
+// end, no goroutine. It is not parallel: goleak needs the other tests quiet.
+func TestCancellationLeavesNothingOpen(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // runs last, after the pools close
+	l := setupLeak(t)
+
+	for _, stage := range cancelStages {
+		t.Run(stage.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			id := "msg-" + stage.name
+			start := time.Now()
+			err := stage.run(ctx, cancel, l, t, id)
+			t.Logf("returned %v", err)
+			if err == nil || !stage.is(err) {
+				t.Errorf("err = %v, want a cancellation", err)
+			}
+			if d := time.Since(start); d > 8*time.Second {
+				t.Errorf("took %v to give up", d)
+			}
+			l.assertNothingLeft(t, id)
+		})
+	}
+
+	// The pool is still healthy: the same IDs process normally now.
+	for _, stage := range cancelStages {
+		id := "msg-" + stage.name
+		if processed, err := l.store.Process(context.Background(), id, charge(id)); err != nil || !processed {
+			t.Fatalf("%s afterwards: processed=%v err=%v, want true, nil", id, processed, err)
+		}
+	}
+	if n := l.pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d connections still acquired from the pool", n)
+	}
+}
+
+// errIs returns a matcher for cancelStage.is.
+func errIs(target error) func(error) bool {
+	return func(err error) bool { return errors.Is(err, target) }
+}
+
+// forTx runs fn in a transaction of l's pool that is rolled back with ctx,
+// the usual `defer tx.Rollback(ctx)` of callers.
+func (l *leakBundle) forTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	tx, err := l.pool.Begin(context.Background())
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // ctx may be done: pgx then closes the connection
+	return fn(tx)
+}
