@@ -29,7 +29,7 @@ var cancelStages = []cancelStage{
 	}, errIs(context.Canceled)},
 
 	{"waiting-for-in-flight-claim", func(ctx context.Context, cancel func(), l *leakBundle, t *testing.T, id string) error {
-		defer holdClaim(t, l, id)()
+		defer holdClaimOutside(t, l, id)()
 		l.cancelWhen(t, "%INSERT INTO%", "transactionid", cancel)
 		_, err := l.store.Process(ctx, id, mustNotRun(t))
 		return err
@@ -114,7 +114,7 @@ var cancelStages = []cancelStage{
 	}, isCanceled},
 
 	{"claim-in-caller-tx-waiting", func(ctx context.Context, cancel func(), l *leakBundle, t *testing.T, id string) error {
-		defer holdClaim(t, l, id)()
+		defer holdClaimOutside(t, l, id)()
 		l.cancelWhen(t, "%INSERT INTO%", "transactionid", cancel)
 		return l.forTx(ctx, func(tx pgx.Tx) error {
 			if _, err := l.store.Claim(ctx, tx, id); err != nil {
@@ -155,9 +155,9 @@ func mustNotRun(t *testing.T) func(context.Context, pgx.Tx) error {
 	}
 }
 
-// holdClaim claims id in a transaction outside l's pool, so that a claim of
+// holdClaimOutside claims id in a transaction outside l's pool, so that a claim of
 // id from l's pool waits; the returned func rolls it back.
-func holdClaim(t *testing.T, l *leakBundle, id string) func() {
+func holdClaimOutside(t *testing.T, l *leakBundle, id string) func() {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := l.bundle.pool.Begin(ctx)
