@@ -145,7 +145,7 @@ func TestProcessConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	const ids, workers, rounds = 300, 16, 3
+	const ids, workers, rounds = 200, 16, 2
 	var processed atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -283,11 +283,12 @@ func TestLockTimeoutReturnsErrInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer blocker.Rollback(ctx)
 	if _, err := blocker.Exec(ctx, `UPDATE charges SET consumer = 'x' WHERE order_id = 'locked'`); err != nil {
 		t.Fatal(err)
 	}
-	time.AfterFunc(400*time.Millisecond, func() { _ = blocker.Rollback(ctx) })
+	released := make(chan struct{})
+	time.AfterFunc(400*time.Millisecond, func() { _ = blocker.Rollback(ctx); close(released) })
+	defer func() { <-released }()
 	_, err = b.store.Process(ctx, "msg-2", func(ctx context.Context, tx pgx.Tx) error {
 		var lt string
 		if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lt); err != nil {
