@@ -406,3 +406,55 @@ func TestProcessRetriesLostConnection(t *testing.T) {
 		t.Fatalf("order-1 charged %d times, want 1", got)
 	}
 }
+
+// Under repeatable read a concurrent duplicate surfaces as a serialization
+// failure instead of a wait; the retry sees the committed row and skips.
+func TestProcessConcurrentDuplicatesRepeatableRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, MaxAttempts: 20})
+	ctx := ctxT(t)
+	const ids, workers = 50, 8
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, i := range rand.Perm(ids) {
+				id := fmt.Sprint("msg-", i)
+				if _, err := b.store.Process(ctx, id, charge(id)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	got := chargesPerOrder(t, b.pool)
+	for i := range ids {
+		if id := fmt.Sprint("msg-", i); got[id] != 1 {
+			t.Fatalf("%s charged %d times, want 1", id, got[id])
+		}
+	}
+}
+
+// Retries stop when ctx is done, even with attempts left.
+func TestProcessRetriesRespectContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{MaxAttempts: 1000})
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	calls := 0
+	start := time.Now()
+	_, err := b.store.Process(ctx, "msg-1", raise("40001", 1_000_000, &calls))
+	if err == nil || time.Since(start) > 10*time.Second || calls >= 1000 {
+		t.Fatalf("err=%v after %s and %d calls, want a prompt failure", err, time.Since(start), calls)
+	}
+	if n := b.pool.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired", n)
+	}
+}
