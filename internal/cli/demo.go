@@ -75,8 +75,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if opts.DatabaseURL == "" {
 		opts.DatabaseURL = demoDefaultURL
 	}
-	opts, err := opts.WithDefaults()
-	if err != nil {
+	if err := opts.Validate(); err != nil {
 		fmt.Fprintf(stderr, "pgdedup demo: %v\n", err)
 		return 2
 	}

@@ -31,8 +31,8 @@ type delivery struct {
 
 func (d delivery) messageID() string { return fmt.Sprintf("order-%d", d.order) }
 
-// brokerStats counts what the broker did.
-type brokerStats struct {
+// BrokerStats counts what the simulated broker did.
+type BrokerStats struct {
 	Deliveries      int // handed to consumers
 	ConcurrentDups  int // duplicates queued right behind the original, so another consumer takes them while it runs
 	LaterDups       int // duplicates redelivered later
@@ -56,7 +56,7 @@ type broker struct {
 	acked     int
 	attempts  map[int]int // deliveries of each order so far
 	crashes   map[int]int // crashed deliveries of each order so far
-	stats     brokerStats
+	stats     BrokerStats
 	closed    bool
 }
 
@@ -196,7 +196,7 @@ func (b *broker) progress() (done, total int) {
 	return b.acked, b.acked + b.inFlight + len(b.ready) + len(b.delayed)
 }
 
-func (b *broker) snapshot() brokerStats {
+func (b *broker) snapshot() BrokerStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.stats

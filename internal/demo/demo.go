@@ -11,7 +11,6 @@
 package demo
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,31 +24,31 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// Options configures Run. Zero Orders and Consumers take the defaults; zero
-// rates mean no duplicates and no crashes.
+// Options configures Run. The CLI's defaults are the Default constants; here
+// every field is taken as given (zero rates mean no duplicates, no crashes).
 type Options struct {
-	DatabaseURL   string  // required
-	Orders        int     // orders the producer publishes. Defaults to 10,000.
-	Consumers     int     // concurrent consumers. Defaults to 8.
-	RedeliverRate float64 // share of orders delivered twice (0-1); the CLI's default is DefaultRedeliverRate
-	CrashRate     float64 // share of deliveries that crash mid-handler (0-MaxCrashRate); the CLI's default is DefaultCrashRate
-	Seed          uint64  // seeds the broker's choices. Defaults to a random seed.
-	Keep          bool    // leave the schema in place for inspection
-	Progress      io.Writer
+	DatabaseURL   string    // required
+	Orders        int       // orders the producer publishes (1-MaxOrders)
+	Consumers     int       // concurrent consumers (1-MaxConsumers)
+	RedeliverRate float64   // share of orders delivered twice (0-1)
+	CrashRate     float64   // share of deliveries that crash mid-handler (0-MaxCrashRate)
+	Seed          uint64    // seeds the broker's choices; 0 picks one at random
+	Progress      io.Writer // where to draw a progress bar (a terminal), or nil
+	Keep          bool      // leave the schema in place for inspection
 
 	// beforeVerify runs after the simulation, before the tables are counted;
 	// tests use it to break an invariant on purpose.
 	beforeVerify func(ctx context.Context, pool *pgxpool.Pool, schema string) error
 }
 
-// The defaults and bounds of Options.
+// The CLI's defaults, and the bounds Validate enforces.
 const (
 	DefaultOrders        = 10_000
 	DefaultConsumers     = 8
 	DefaultRedeliverRate = 0.3
 	DefaultCrashRate     = 0.05
 	MaxOrders            = 1_000_000
-	MaxConsumers         = 40
+	MaxConsumers         = 32 // the pool holds up to 2 connections per consumer
 	MaxCrashRate         = 0.9
 )
 
@@ -59,37 +58,31 @@ var ErrInvariant = errors.New("pgdedup invariant violated")
 
 // Result is what Run measured.
 type Result struct {
-	Options  Options // with defaults filled in
+	Options  Options // as given, with the seed filled in
 	Schema   string
 	Dropped  bool
-	Broker   brokerStats
+	Broker   BrokerStats
 	Rows     []Row    // pgdedup first, then the broken recipes
 	Failures []string // pgdedup invariants that failed; empty on success
 	Elapsed  time.Duration
 }
 
-// WithDefaults returns o with its defaults filled in, or an error naming what
-// is out of range. Run calls it before connecting.
-func (o Options) WithDefaults() (Options, error) {
-	if o.DatabaseURL == "" {
-		return o, errors.New("a database URL is required")
-	}
-	o.Orders = cmp.Or(o.Orders, DefaultOrders)
-	o.Consumers = cmp.Or(o.Consumers, DefaultConsumers)
-	if o.Seed == 0 {
-		o.Seed = rand.Uint64N(1_000_000) + 1
-	}
+// Validate reports, before any connection, what in o is missing or out of
+// range.
+func (o Options) Validate() error {
 	switch {
+	case o.DatabaseURL == "":
+		return errors.New("a database URL is required")
 	case o.Orders < 1 || o.Orders > MaxOrders:
-		return o, fmt.Errorf("orders must be between 1 and %d, got %d", MaxOrders, o.Orders)
+		return fmt.Errorf("orders must be between 1 and %d, got %d", MaxOrders, o.Orders)
 	case o.Consumers < 1 || o.Consumers > MaxConsumers:
-		return o, fmt.Errorf("consumers must be between 1 and %d, got %d", MaxConsumers, o.Consumers)
+		return fmt.Errorf("consumers must be between 1 and %d, got %d", MaxConsumers, o.Consumers)
 	case !(o.RedeliverRate >= 0 && o.RedeliverRate <= 1):
-		return o, fmt.Errorf("redelivery rate must be between 0 and 1, got %g", o.RedeliverRate)
+		return fmt.Errorf("redelivery rate must be between 0 and 1, got %g", o.RedeliverRate)
 	case !(o.CrashRate >= 0 && o.CrashRate <= MaxCrashRate):
-		return o, fmt.Errorf("crash rate must be between 0 and %g, got %g", MaxCrashRate, o.CrashRate)
+		return fmt.Errorf("crash rate must be between 0 and %g, got %g", MaxCrashRate, o.CrashRate)
 	}
-	return o, nil
+	return nil
 }
 
 // consumerName is the pgdedup consumer the demo records IDs under.
@@ -99,9 +92,11 @@ const consumerName = "demo-billing"
 // pgdedup's row shows a double or missing charge; the Result is then complete
 // and worth printing. The schema is dropped unless opts.Keep, even on failure.
 func Run(ctx context.Context, opts Options) (res *Result, err error) {
-	opts, err = opts.WithDefaults()
-	if err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if opts.Seed == 0 {
+		opts.Seed = rand.Uint64N(1_000_000) + 1
 	}
 	start := time.Now()
 	res = &Result{Options: opts, Schema: newSchemaName()}
