@@ -31,14 +31,6 @@ type delivery struct {
 
 func (d delivery) messageID() string { return fmt.Sprintf("order-%d", d.order) }
 
-// BrokerStats counts what the simulated broker did.
-type BrokerStats struct {
-	Deliveries      int // handed to consumers
-	ConcurrentDups  int // duplicates queued right behind the original, so another consumer takes them while it runs
-	LaterDups       int // duplicates redelivered later
-	CrashRedelivers int // deliveries nacked by a crash and redelivered
-}
-
 // broker is an at-least-once broker in memory. It queues every order once,
 // duplicates a share of them (some right behind the original, some later) and
 // redelivers whatever a consumer does not ack. Deliveries held back for "later"

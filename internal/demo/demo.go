@@ -67,6 +67,14 @@ type Result struct {
 	Elapsed  time.Duration
 }
 
+// BrokerStats counts what the simulated broker did.
+type BrokerStats struct {
+	Deliveries      int // handed to consumers
+	ConcurrentDups  int // duplicates queued right behind the original, so another consumer takes them while it runs
+	LaterDups       int // duplicates redelivered later
+	CrashRedelivers int // deliveries nacked by a crash and redelivered
+}
+
 // Validate reports, before any connection, what in o is missing or out of
 // range.
 func (o Options) Validate() error {
