@@ -40,7 +40,7 @@ const demoDefaultURL = "postgres://postgres@localhost:5432/postgres?sslmode=disa
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pgdedup demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // errors are reported below, usage only on --help
 	var opts demo.Options
 	fs.IntVar(&opts.Orders, "orders", demo.DefaultOrders, "orders the producer publishes")
 	fs.IntVar(&opts.Consumers, "consumers", demo.DefaultConsumers, "concurrent consumers")
@@ -52,17 +52,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opts.Keep, "keep", false, "keep the demo's schema for inspection")
 	fs.StringVar(&opts.DatabaseURL, "database-url", "",
 		"PostgreSQL URL (default $DATABASE_URL, else "+demoDefaultURL+")")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), demoUsage)
-		fs.PrintDefaults()
-		fmt.Fprint(fs.Output(), demoExamples)
-	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, demoUsage)
 			fs.SetOutput(stdout)
-			fs.Usage()
+			fs.PrintDefaults()
+			fmt.Fprint(stdout, demoExamples)
 			return 0
 		}
+		fmt.Fprintf(stderr, "pgdedup demo: %v\nRun \"pgdedup demo --help\" for the flags.\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -39,13 +39,13 @@ func TestDemoCommandReadsDatabaseURL(t *testing.T) {
 	}
 }
 
-// --help prints flags and examples and exits 0; bad flags exit 2 before any
-// connection.
+// --help prints flags and examples on stdout and exits 0; bad flags exit 2
+// before any connection.
 func TestDemoCommandUsage(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr strings.Builder
-	if code := Main(context.Background(), []string{"demo", "--help"}, &stdout, &stderr); code != 0 {
-		t.Errorf("--help: exit code %d", code)
+	if code := Main(context.Background(), []string{"demo", "--help"}, &stdout, &stderr); code != 0 || stderr.Len() != 0 {
+		t.Errorf("--help: exit code %d, stderr %q", code, stderr.String())
 	}
 	for _, want := range []string{"--orders", "--keep", "DATABASE_URL", "Examples:"} {
 		if !strings.Contains(stdout.String(), strings.TrimLeft(want, "-")) {

@@ -84,7 +84,7 @@ func newBroker(orders int, redeliverRate, crashRate float64, consumers int, seed
 
 // newDelivery draws the handler's work time (the payment call, 0.1-0.6 ms) and
 // whether it crashes, half of the crashes before charging and half after.
-// A message crashes at most 3 times, so any crash rate below 1 ends.
+// next stops a message crashing after maxCrashes, so any crash rate ends.
 func (b *broker) newDelivery(order int) delivery {
 	b.attempts[order]++
 	d := delivery{order: order, attempt: b.attempts[order],
@@ -94,6 +94,9 @@ func (b *broker) newDelivery(order int) delivery {
 	}
 	return d
 }
+
+// maxCrashes is how many deliveries of one message may crash.
+const maxCrashes = 3
 
 // later queues d to go out after a random number of other deliveries.
 func (b *broker) later(d delivery, now int) {
@@ -114,6 +117,9 @@ func (b *broker) next() (delivery, bool) {
 		if len(b.ready) > 0 {
 			d := b.ready[0]
 			b.ready = b.ready[1:]
+			if b.crashes[d.order] >= maxCrashes {
+				d.crash = noCrash
+			}
 			b.inFlight++
 			b.stats.Deliveries++
 			return d, true
@@ -157,18 +163,13 @@ func (b *broker) ack() {
 }
 
 // nack puts d back to be delivered again later, as a broker does when the
-// consumer holding it dies. The redelivery crashes again only while the message
-// has had fewer than 3 crashes.
+// consumer holding it dies.
 func (b *broker) nack(d delivery) {
 	b.mu.Lock()
 	b.inFlight--
 	b.stats.CrashRedelivers++
 	b.crashes[d.order]++
-	r := b.newDelivery(d.order)
-	if b.crashes[d.order] >= 3 {
-		r.crash = noCrash
-	}
-	b.later(r, b.stats.Deliveries)
+	b.later(b.newDelivery(d.order), b.stats.Deliveries)
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }
