@@ -113,7 +113,10 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 		return nil, err
 	}
 	defer pool.Close()
-	defer func() {
+	if err := createSchema(ctx, pool, res.Schema); err != nil {
+		return res, err
+	}
+	defer func() { // only once the schema is ours
 		if opts.Keep {
 			return
 		}
@@ -150,6 +153,9 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	stopProgress := startProgress(opts.Progress, b)
 	err = simulate(ctx, b, opts.Consumers, recipes, tallies)
 	stopProgress()
+	if ctx.Err() != nil {
+		return res, fmt.Errorf("interrupted: %w", ctx.Err())
+	}
 	if err != nil {
 		return res, fmt.Errorf("simulation: %w", err)
 	}

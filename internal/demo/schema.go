@@ -51,15 +51,21 @@ func connect(ctx context.Context, url, schema string, consumers int) (*pgxpool.P
 	return pool, nil
 }
 
-// setUp creates schema, migrates it with pgdedup.Migrate, and creates the
+// createSchema creates schema; it fails, rather than touching anything, if a
+// schema of that name exists.
+func createSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	return nil
+}
+
+// setUp migrates schema with pgdedup.Migrate, and creates the
 // orders table (filled with orders orders) and one charges table per recipe.
 // Charges tables have no unique constraint on order_id: a recipe that charges
 // twice leaves two rows, which is what the report counts.
 func setUp(ctx context.Context, pool *pgxpool.Pool, schema string, orders int, recipes []recipe) error {
 	s := pgx.Identifier{schema}.Sanitize()
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+s); err != nil {
-		return fmt.Errorf("create schema %s: %w", schema, err)
-	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	if err := pgdedup.Migrate(ctx, db); err != nil {
@@ -92,7 +98,7 @@ func setUp(ctx context.Context, pool *pgxpool.Pool, schema string, orders int, r
 func dropSchema(pool *pgxpool.Pool, schema string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+	if _, err := pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("drop schema %s: %w", schema, err)
 	}
 	return nil
