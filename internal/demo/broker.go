@@ -84,7 +84,7 @@ func newBroker(orders int, redeliverRate, crashRate float64, consumers int, seed
 
 // newDelivery draws the handler's work time (the payment call, 0.1-0.6 ms) and
 // whether it crashes, half of the crashes before charging and half after.
-// next stops a message crashing after maxCrashes, so any crash rate ends.
+// (next lets no message crash more than maxCrashes times, so every run ends.)
 func (b *broker) newDelivery(order int) delivery {
 	b.attempts[order]++
 	d := delivery{order: order, attempt: b.attempts[order],
@@ -153,7 +153,7 @@ func (b *broker) release() {
 	}
 }
 
-// ack settles d.
+// ack settles a delivery its consumer finished.
 func (b *broker) ack() {
 	b.mu.Lock()
 	b.inFlight--
