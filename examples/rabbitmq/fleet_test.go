@@ -94,6 +94,8 @@ type procLog struct {
 type logCounts struct {
 	deliveries            int
 	redelivered           int
+	processed             int
+	duplicates            int
 	redeliveredProcessed  int // redelivered and charged: no earlier delivery had committed
 	redeliveredDuplicates int // redelivered and skipped: an earlier delivery committed but died before its ack
 	inFlight              int
@@ -105,6 +107,8 @@ type logCounts struct {
 func (c *logCounts) add(o logCounts) {
 	c.deliveries += o.deliveries
 	c.redelivered += o.redelivered
+	c.processed += o.processed
+	c.duplicates += o.duplicates
 	c.redeliveredProcessed += o.redeliveredProcessed
 	c.redeliveredDuplicates += o.redeliveredDuplicates
 	c.inFlight += o.inFlight
@@ -144,10 +148,12 @@ func (l *procLog) line(s string) {
 	}
 	switch {
 	case strings.Contains(s, " outcome=processed"):
+		l.n.processed++
 		if redelivered {
 			l.n.redeliveredProcessed++
 		}
 	case strings.Contains(s, " outcome=duplicate"):
+		l.n.duplicates++
 		if redelivered {
 			l.n.redeliveredDuplicates++
 		}

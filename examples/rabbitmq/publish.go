@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -27,10 +29,17 @@ type orderBatch struct {
 	WithoutID  float64 // share of orders published without a MessageId: the consumer keys them by content
 }
 
-// messages returns the batch's messages in a random order, duplicates mixed
-// in, and how many are duplicates. A duplicate is the same order with the same
-// MessageId (or, without one, the same body).
+// messages returns the batch's messages and how many are duplicates. A
+// duplicate is the same order with the same MessageId (or, without one, the
+// same body); half of them follow their original at once, as a producer
+// retrying a publish whose confirm timed out, so two consumers handle both
+// copies at the same time; the others come later, anywhere in the batch.
 func (b orderBatch) messages(rng *rand.Rand) (msgs []amqp.Publishing, duplicates int) {
+	type keyed struct {
+		at  float64 // position in the batch
+		msg amqp.Publishing
+	}
+	var all []keyed
 	for i := range b.Orders {
 		o := Order{
 			OrderID:     fmt.Sprintf("ord-%s-%06d", b.RunID, i),
@@ -46,13 +55,20 @@ func (b orderBatch) messages(rng *rand.Rand) (msgs []amqp.Publishing, duplicates
 		if rng.Float64() >= b.WithoutID {
 			msg.MessageId = "charge-" + o.OrderID
 		}
-		msgs = append(msgs, msg)
+		all = append(all, keyed{float64(i), msg})
 		if rng.Float64() < b.Duplicates {
-			msgs = append(msgs, msg)
+			at := float64(i) + 0.5
+			if rng.IntN(2) == 0 {
+				at = float64(i) + rng.Float64()*float64(b.Orders-i)
+			}
+			all = append(all, keyed{at, msg})
 			duplicates++
 		}
 	}
-	rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	slices.SortStableFunc(all, func(x, y keyed) int { return cmp.Compare(x.at, y.at) })
+	for _, k := range all {
+		msgs = append(msgs, k.msg)
+	}
 	return msgs, duplicates
 }
 
