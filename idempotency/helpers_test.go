@@ -28,7 +28,7 @@ type chargeAPI struct {
 	panics   atomic.Bool   // the next call panics after writing
 	gate     chan struct{} // when set, each call waits for a value from it
 	entered  chan struct{} // when set, each call sends to it on entry
-	bodySize int           // when set, the answer's body is padded to this size
+	bodySize atomic.Int32  // when set, the answer's body is padded to this size
 }
 
 func (a *chargeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -66,10 +66,16 @@ func (a *chargeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Handled-At", time.Now().Format(time.RFC3339Nano)) // not a replay header
 	w.WriteHeader(http.StatusCreated)
 	body := fmt.Sprintf(`{"id":%d,"order":%q,"amount":%d,"at":%q}`, id, in.Order, in.Amount, time.Now().Format(time.RFC3339Nano))
-	if a.bodySize > len(body) {
-		body += strings.Repeat(" ", a.bodySize-len(body))
+	if size := int(a.bodySize.Load()); size > len(body) {
+		body += strings.Repeat(" ", size-len(body))
 	}
 	fmt.Fprint(w, body)
+}
+
+func newAPI(bodySize int32) *chargeAPI {
+	a := &chargeAPI{}
+	a.bodySize.Store(bodySize)
+	return a
 }
 
 type bundle struct {

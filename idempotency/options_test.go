@@ -1,0 +1,119 @@
+package idempotency_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/idempotency"
+)
+
+func TestScopeSeparatesUsers(t *testing.T) {
+	t.Parallel()
+	scope := func(r *http.Request) string {
+		if u := r.Header.Get("X-User"); u != "alice-space" {
+			return u
+		}
+		return "alice " // net/http trims header values, so map it here
+	}
+	b := setup(t, idempotency.Config{Scope: scope}, nil)
+
+	alice := post(t, b.url, "k", order, "X-User", "alice")
+	bob := post(t, b.url, "k", order, "X-User", "bob")
+	// A scope ending in a space must not meet another (scope, key) pair.
+	spaced := post(t, b.url, "k", order, "X-User", "alice-space")
+	anon := post(t, b.url, "k", order)
+	for name, r := range map[string]reply{"alice": alice, "bob": bob, "alice+space": spaced, "anonymous": anon} {
+		if r.status != 201 || r.replayed() {
+			t.Errorf("%s: %v", name, r)
+		}
+	}
+	if again := post(t, b.url, "k", order, "X-User", "alice"); again.body != alice.body || !again.replayed() {
+		t.Fatalf("alice again: %v", again)
+	}
+	if charges(t, b.pool) != 4 || keys(t, b.pool) != 4 {
+		t.Fatalf("%d charges, %d keys; want 4, 4", charges(t, b.pool), keys(t, b.pool))
+	}
+}
+
+func TestOptionalKeyStillRunsInATransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{Optional: true}, nil)
+
+	if r := post(t, b.url, "", order); r.status != 201 {
+		t.Fatalf("no key: %v", r)
+	}
+	b.api.failNext.Store(1)
+	if r := post(t, b.url, "", order); r.status != 502 {
+		t.Fatalf("no key, failing handler: %v", r)
+	}
+	if r := post(t, b.url, "", order); r.status != 201 || r.replayed() {
+		t.Fatalf("no key again: %v", r)
+	}
+	// Without a key nothing is deduplicated or recorded; the 5xx rolled back.
+	if charges(t, b.pool) != 2 || keys(t, b.pool) != 0 {
+		t.Fatalf("%d charges, %d keys; want 2, 0", charges(t, b.pool), keys(t, b.pool))
+	}
+}
+
+func TestLargeResponseIsSentButOnlyStatusAndHeadersReplayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{MaxStoredBody: 100}, newAPI(101))
+
+	first := post(t, b.url, "big", order)
+	if first.status != 201 || len(first.body) != 101 {
+		t.Fatalf("first: %v", first)
+	}
+	again := post(t, b.url, "big", order)
+	if again.status != 201 || again.body != "" || !again.replayed() ||
+		again.header.Get(idempotency.BodyOmittedHeader) != "true" ||
+		again.header.Get("Location") != first.header.Get("Location") {
+		t.Fatalf("retry: %v", again)
+	}
+	if b.api.calls.Load() != 1 || charges(t, b.pool) != 1 {
+		t.Fatalf("%d handler calls, %d charges; want 1, 1", b.api.calls.Load(), charges(t, b.pool))
+	}
+	// At the limit, the body is kept.
+	b.api.bodySize.Store(100)
+	post(t, b.url, "at-limit", order)
+	if r := post(t, b.url, "at-limit", order); len(r.body) != 100 || !r.replayed() {
+		t.Fatalf("response of exactly MaxStoredBody, replayed: %v", r)
+	}
+}
+
+func TestRequestBodyLimitAndClientErrorsStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{MaxRequestBody: 64}, nil)
+
+	if r := post(t, b.url, "k", `{"order":"`+strings.Repeat("x", 60)+`"}`); !isProblem(r, 413) {
+		t.Fatalf("body over MaxRequestBody: %v", r)
+	}
+	// A 4xx from the handler is the request's answer: stored and replayed.
+	bad := post(t, b.url, "k", `not json`)
+	if bad.status != 400 || bad.replayed() {
+		t.Fatalf("bad JSON: %v", bad)
+	}
+	if r := post(t, b.url, "k", `not json`); r.status != 400 || r.body != bad.body || !r.replayed() {
+		t.Fatalf("bad JSON again: %v", r)
+	}
+	if b.api.calls.Load() != 1 || keys(t, b.pool) != 1 {
+		t.Fatalf("%d handler calls, %d keys; want 1, 1", b.api.calls.Load(), keys(t, b.pool))
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	db := setup(t, idempotency.Config{}, nil).pool
+	for name, cfg := range map[string]idempotency.Config{
+		"negative wait":    {InFlightWait: -1},
+		"key too long":     {MaxKeyLen: 2000},
+		"negative body":    {MaxStoredBody: -1},
+		"bad table":        {Store: pgdedup.Config{Table: "x.y.z"}},
+		"negative request": {MaxRequestBody: -1},
+	} {
+		if _, err := idempotency.New(db, cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
