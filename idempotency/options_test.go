@@ -117,3 +117,40 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestCustomHeaderName(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{Header: "x-request-key"}, nil)
+
+	if r := post(t, b.url, "k", order); !isProblem(r, 400) || !strings.Contains(r.body, "X-Request-Key") {
+		t.Fatalf("only Idempotency-Key sent: %v", r)
+	}
+	first := post(t, b.url, "", order, "X-Request-Key", "k")
+	again := post(t, b.url, "", order, "X-Request-Key", "k")
+	if first.status != 201 || again.body != first.body || !again.replayed() || b.api.calls.Load() != 1 {
+		t.Fatalf("first: %v\nagain: %v\ncalls %d", first, again, b.api.calls.Load())
+	}
+}
+
+func TestKeyValidationAndMissingKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{MaxKeyLen: 16}, nil)
+
+	for name, r := range map[string]reply{
+		"missing":   post(t, b.url, "", order),
+		"too long":  post(t, b.url, strings.Repeat("k", 17), order),
+		"space":     post(t, b.url, "a b", order),
+		"non-ASCII": post(t, b.url, "clé", order),
+		"two keys":  post(t, b.url, "a", order, "Idempotency-Key", "b"),
+	} {
+		if !isProblem(r, 400) {
+			t.Errorf("%s: %v", name, r)
+		}
+	}
+	if r := post(t, b.url, strings.Repeat("k", 16), order); r.status != 201 {
+		t.Fatalf("key of MaxKeyLen: %v", r)
+	}
+	if b.api.calls.Load() != 1 || keys(t, b.pool) != 1 {
+		t.Fatalf("%d handler calls, %d keys; want 1, 1", b.api.calls.Load(), keys(t, b.pool))
+	}
+}
