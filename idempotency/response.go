@@ -13,6 +13,7 @@ type recorder struct {
 	sent   http.Header // header as of WriteHeader, as net/http would send it
 	status int
 	body   bytes.Buffer
+	err    error // returned by a WrapFunc handler
 }
 
 func newRecorder() *recorder { return &recorder{header: http.Header{}} }

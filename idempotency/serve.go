@@ -32,6 +32,21 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	})
 }
 
+// WrapFunc is Wrap for a handler that returns an error. A non-nil error rolls
+// the transaction back like a 5xx answer, discards what fn wrote and answers
+// 500 (503 with Retry-After when pgdedup.IsTransient), logging the error; a
+// transient error first re-runs fn in a new transaction, up to
+// Config.Store.MaxAttempts.
+func (m *Middleware) WrapFunc(fn func(w http.ResponseWriter, r *http.Request) error) http.Handler {
+	return m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := fn(w, r); err != nil {
+			if rec, ok := w.(*recorder); ok {
+				rec.err = err
+			}
+		}
+	}))
+}
+
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	keys := r.Header.Values(m.cfg.Header)
 	switch {
@@ -107,6 +122,9 @@ func (m *Middleware) process(r *http.Request, next http.Handler, id string, fp, 
 		req := withTx(r, tx)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(rec, req)
+		if rec.err != nil {
+			return rec.err
+		}
 		resp := rec.response()
 		if resp.status >= 500 {
 			return errHandlerFailed
@@ -132,6 +150,10 @@ func (m *Middleware) serveWithoutKey(w http.ResponseWriter, r *http.Request, nex
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
 	rec := newRecorder()
 	next.ServeHTTP(rec, withTx(r, tx))
+	if rec.err != nil {
+		m.fail(w, r, rec.err)
+		return
+	}
 	resp := rec.response()
 	if resp.status < 500 {
 		if err := tx.Commit(ctx); err != nil {
