@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/idempotency"
@@ -152,5 +153,29 @@ func TestKeyValidationAndMissingKey(t *testing.T) {
 	}
 	if b.api.calls.Load() != 1 || keys(t, b.pool) != 1 {
 		t.Fatalf("%d handler calls, %d keys; want 1, 1", b.api.calls.Load(), keys(t, b.pool))
+	}
+}
+
+func TestWaiterRunsHandlerWhenTheFirstFails(t *testing.T) {
+	t.Parallel()
+	api := &chargeAPI{gate: make(chan struct{}), entered: make(chan struct{}, 2)}
+	api.failNext.Store(1)
+	b := setup(t, idempotency.Config{InFlightWait: time.Minute}, api)
+
+	replies := make(chan reply, 2)
+	go func() { r, _ := send(b.url, "k", order); replies <- r }()
+	<-api.entered // the first holds the key
+	go func() { r, _ := send(b.url, "k", order); replies <- r }()
+	time.Sleep(100 * time.Millisecond) // let the second start waiting
+	api.gate <- struct{}{}             // the first answers 502 and rolls back
+	first := <-replies
+	<-api.entered // the waiter claimed the key and runs the handler
+	api.gate <- struct{}{}
+	second := <-replies
+	if first.status != 502 || second.status != 201 || second.replayed() {
+		t.Fatalf("first: %v\nsecond: %v", first, second)
+	}
+	if api.calls.Load() != 2 || charges(t, b.pool) != 1 {
+		t.Fatalf("%d calls, %d charges; want 2, 1", api.calls.Load(), charges(t, b.pool))
 	}
 }
