@@ -24,7 +24,7 @@ Flags:
   --table NAME         the dedup table, optionally schema.table (default: processed_messages)
   --batch N            rows per transaction (default: 10000)
   --dry-run            only count the expired rows; delete nothing
-  --timeout D          stop after D, between batches, e.g. 10m (default: no limit)
+  --timeout D          give up after D, e.g. 10m; committed batches stay deleted (default: no limit)
   --verbose            log each batch (rows and time) to stderr
 
 Examples:

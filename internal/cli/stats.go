@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -149,10 +150,10 @@ func printStats(w io.Writer, st stats) {
 	}
 }
 
-// roughly formats d to the second, or to the minute beyond an hour.
+// roughly formats d to the second, or to the minute beyond an hour ("3h5m").
 func roughly(d time.Duration) string {
-	if d > time.Hour {
-		return d.Round(time.Minute).String()
+	if d.Abs() > time.Hour {
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 	}
 	return d.Round(time.Second).String()
 }
