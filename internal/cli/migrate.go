@@ -32,12 +32,12 @@ pgdedup's own table, ` + pgdedup.VersionTable + `, never in your goose_db_versio
 
 Flags:
   --database-url URL   the database (default: $DATABASE_URL); choose the schema
-                       with ?search_path=name
+                       with ?options=-csearch_path%3Dname
   --down               with sql: print the down migrations, newest first
 
 Examples:
   pgdedup migrate up --database-url 'postgres://app@db:5432/app?sslmode=require'
-  DATABASE_URL='postgres://app@db/app?search_path=ops' pgdedup migrate status
+  DATABASE_URL='postgres://app@db/app?options=-csearch_path%3Dops' pgdedup migrate status
   pgdedup migrate sql | psql "$DATABASE_URL"
 `
 
