@@ -2,8 +2,11 @@ package cli_test
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,8 +23,8 @@ func TestMigrateLifecycle(t *testing.T) {
 	migrate := func(action string) result { return run(t, "migrate", action, "--database-url", db.URL) }
 
 	r := migrate("status")
-	if r.code != 0 || !strings.Contains(r.stdout, "00001_processed_messages.sql  pending") ||
-		!strings.Contains(r.stdout, "1 pending: run `pgdedup migrate up`") {
+	if r.code != 0 || !regexp.MustCompile(`00001_processed_messages.sql +pending`).MatchString(r.stdout) ||
+		!strings.Contains(r.stdout, "2 pending: run `pgdedup migrate up`") {
 		t.Errorf("status before up: %s", r)
 	}
 	if exists(t, db.Pool, pgdedup.VersionTable) {
@@ -30,21 +33,28 @@ func TestMigrateLifecycle(t *testing.T) {
 
 	r = migrate("up")
 	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_processed_messages.sql in ") ||
-		!strings.Contains(r.stdout, "now at version 1") {
+		!strings.Contains(r.stdout, "applied 00002_idempotency_responses.sql in ") ||
+		!strings.Contains(r.stdout, "now at version 2") {
 		t.Errorf("up: %s", r)
 	}
 	usable(t, db.Pool)
-	if r = migrate("up"); r.code != 0 || r.stdout != "already up to date at version 1\n" {
+	if r = migrate("up"); r.code != 0 || r.stdout != "already up to date at version 2\n" {
 		t.Errorf("second up: %s", r)
 	}
 	r = migrate("status")
-	if r.code != 0 || !strings.Contains(r.stdout, "00001_processed_messages.sql  applied  20") || !strings.HasSuffix(r.stdout, "up to date\n") {
+	if r.code != 0 || !regexp.MustCompile(`00001_processed_messages.sql +applied +20`).MatchString(r.stdout) || !strings.HasSuffix(r.stdout, "up to date\n") {
 		t.Errorf("status after up: %s", r)
 	}
 
+	// down reverts one migration at a time, the newest first.
+	r = migrate("down")
+	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00002_idempotency_responses.sql in ") || !strings.Contains(r.stdout, "now at version 1") {
+		t.Errorf("first down: %s", r)
+	}
+	usable(t, db.Pool)
 	r = migrate("down")
 	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00001_processed_messages.sql in ") || !strings.Contains(r.stdout, "now at version 0") {
-		t.Errorf("down: %s", r)
+		t.Errorf("second down: %s", r)
 	}
 	if exists(t, db.Pool, "processed_messages") {
 		t.Error("processed_messages still exists after down")
@@ -121,8 +131,9 @@ func usable(t *testing.T, pool *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	noop := func(context.Context, pgx.Tx) error { return nil }
+	id := fmt.Sprint("m-", time.Now().UnixNano()) // new each call: the table may hold earlier IDs
 	for i, want := range []bool{true, false} {
-		if ok, err := store.Process(context.Background(), "m-1", noop); ok != want || err != nil {
+		if ok, err := store.Process(context.Background(), id, noop); ok != want || err != nil {
 			t.Fatalf("Process #%d = %v, %v; want %v", i+1, ok, err, want)
 		}
 	}
