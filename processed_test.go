@@ -46,7 +46,7 @@ func TestProcessNewThenDuplicate(t *testing.T) {
 	if !strings.Contains(logs.String(), "skipped duplicate") || !strings.Contains(logs.String(), "msg-1") {
 		t.Fatalf("duplicate not logged; log:\n%s", logs.String())
 	}
-	if n := b.pool.Stat().AcquiredConns(); n != 0 {
+	if n := acquiredConns(b.pool); n != 0 {
 		t.Fatalf("%d connections still acquired", n)
 	}
 }
@@ -134,7 +134,7 @@ func TestProcessFnPanicRollsBack(t *testing.T) {
 	if recorded(t, b.pool, "billing", "msg-1") || len(chargesPerOrder(t, b.pool)) != 0 {
 		t.Fatal("a panicking fn left the ID or the charge behind")
 	}
-	if n := b.pool.Stat().AcquiredConns(); n != 0 {
+	if n := acquiredConns(b.pool); n != 0 {
 		t.Fatalf("panic leaked %d connections", n)
 	}
 }
@@ -454,7 +454,7 @@ func TestProcessRetriesRespectContext(t *testing.T) {
 	if err == nil || time.Since(start) > 10*time.Second || calls >= 1000 {
 		t.Fatalf("err=%v after %s and %d calls, want a prompt failure", err, time.Since(start), calls)
 	}
-	if n := b.pool.Stat().AcquiredConns(); n != 0 {
+	if n := acquiredConns(b.pool); n != 0 {
 		t.Fatalf("%d connections still acquired", n)
 	}
 }
