@@ -31,6 +31,7 @@ type CleanerLoad struct {
 
 	runs, failed, deleted atomic.Int64
 	lastOK                atomic.Int64 // UnixNano of the last successful run
+	firstErr              atomic.Value // error text of the first failed run
 	short, shortFailed    atomic.Int64
 }
 
@@ -75,6 +76,7 @@ SELECT 'cleaner-expired', 'expired-' || i, now() - interval '1 hour' - i * inter
 			c.deleted.Add(e.Count)
 			if e.Err != nil {
 				c.failed.Add(1)
+				c.firstErr.CompareAndSwap(nil, e.Err.Error())
 			} else {
 				c.lastOK.Store(time.Now().UnixNano())
 			}
@@ -141,6 +143,9 @@ func (c *CleanerLoad) Stop(t testing.TB) CleanerFigures {
 	}
 	t.Logf("cleanup: runs=%d failed_runs=%d rows_deleted=%d premature_deletes=%d live_seeds_kept=%d/%d expired_seeds_left=%d/%d short_lived_processed=%d",
 		f.Runs, f.FailedRuns, f.Deleted, f.Premature, live, liveSeeds, expired, expiredSeeds, f.ShortLived)
+	if e, _ := c.firstErr.Load().(string); e != "" {
+		t.Logf("cleanup: first failed run: %s", e)
+	}
 	switch {
 	case f.Premature != 0:
 		t.Errorf("cleanup deleted %d rows before they expired", f.Premature)

@@ -20,12 +20,43 @@ import (
 // TestAmbiguousCommit runs concurrent consumers through a proxy that cuts one
 // connection in three around COMMIT: half after forwarding it and before the
 // reply (the commit landed, the client cannot know), half before forwarding it
-// (the transaction rolled back). Process retries; every message must end with
-// exactly one effect, and every commit cut after landing must come back as a
-// duplicate on retry.
+// (the transaction rolled back). Process and ProcessBatch retry; every message
+// must end with exactly one effect, and every commit cut after landing must come
+// back as a duplicate on retry.
 func TestAmbiguousCommit(t *testing.T) {
+	t.Run("Process", func(t *testing.T) {
+		testAmbiguousCommit(t, 800, 1, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+			ok, err := store.Process(ctx, ids[0], func(ctx context.Context, tx pgx.Tx) error {
+				return ledger.Write(ctx, tx, ids[0])
+			})
+			if ok {
+				return 1, err
+			}
+			return 0, err
+		})
+	})
+	t.Run("ProcessBatch", func(t *testing.T) {
+		testAmbiguousCommit(t, 2000, 5, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+			fresh, err := store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+				for _, id := range fresh {
+					if err := ledger.Write(ctx, tx, id); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			return len(fresh), err
+		})
+	})
+}
+
+// deliverFunc delivers a batch of messages once and returns how many were new.
+type deliverFunc func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (fresh int, err error)
+
+// testAmbiguousCommit delivers n messages, batch at a time.
+func testAmbiguousCommit(t *testing.T, n, batch int, deliver deliverFunc) {
 	const workers = 8
-	n := scaled(800)
+	n = scaled(n)
 	ctx := testCtx(t, 60*time.Second)
 	db := pgtest.New(t)
 	ledger, err := NewLedger(ctx, db.Pool, "ledger")
@@ -60,34 +91,31 @@ func TestAmbiguousCommit(t *testing.T) {
 	}
 
 	ids := messageIDs("ambiguous", n)
-	work := make(chan string)
-	var processed, duplicates, failed atomic.Int64
+	work := make(chan []string)
+	var processed, allDuplicate, failed atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range workers {
 		wg.Go(func() {
-			for id := range work {
-				// Deliver until Process succeeds, as a broker redelivers a nacked message.
+			for chunk := range work {
+				// Deliver until it succeeds, as a broker redelivers a nacked message.
 				for ctx.Err() == nil {
-					ok, err := store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-						return ledger.Write(ctx, tx, id)
-					})
+					fresh, err := deliver(ctx, store, ledger, chunk)
 					if err != nil {
 						failed.Add(1)
 						continue
 					}
-					if ok {
-						processed.Add(1)
-					} else {
-						duplicates.Add(1)
+					processed.Add(int64(fresh))
+					if fresh == 0 {
+						allDuplicate.Add(1)
 					}
 					break
 				}
 			}
 		})
 	}
-	for _, id := range ids {
-		work <- id
+	for i := 0; i < n; i += batch {
+		work <- ids[i:min(i+batch, n)]
 	}
 	close(work)
 	wg.Wait()
@@ -98,16 +126,16 @@ func TestAmbiguousCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := proxy.Stats()
-	t.Logf("FIGURES ambiguous-commit: %s commits=%d cut_after_commit=%d cut_before_commit=%d retries=%d process_errors=%d processed=%d reported_duplicate=%d in %s",
-		tally, st.Commits, st.CutAfter, st.CutBefore, retries.Load(), failed.Load(), processed.Load(), duplicates.Load(), elapsed.Round(time.Millisecond))
+	t.Logf("FIGURES ambiguous-commit %s: %s commits=%d cut_after_commit=%d cut_before_commit=%d retries=%d errors_returned=%d processed=%d deliveries_reported_duplicate=%d in %s",
+		t.Name(), tally, st.Commits, st.CutAfter, st.CutBefore, retries.Load(), failed.Load(), processed.Load(), allDuplicate.Load(), elapsed.Round(time.Millisecond))
 	assertExactlyOnce(t, tally)
 	if st.CutAfter == 0 || st.CutBefore == 0 {
 		t.Errorf("the proxy cut no COMMIT (%+v): the scenario injected no fault", st)
 	}
-	// A commit cut after it landed is found by the retry: Process reports the
-	// message as a duplicate. Nothing else is delivered twice here.
-	if duplicates.Load() != st.CutAfter {
-		t.Errorf("%d deliveries reported a duplicate, want one per commit cut after landing (%d)", duplicates.Load(), st.CutAfter)
+	// A commit cut after it landed is found by the retry: the delivery reports
+	// its messages as duplicates. Nothing else is delivered twice here.
+	if allDuplicate.Load() != st.CutAfter {
+		t.Errorf("%d deliveries found only duplicates, want one per commit cut after landing (%d)", allDuplicate.Load(), st.CutAfter)
 	}
 	cleaner.Stop(t)
 	assertStillDuplicates(t, db.Pool, "ambiguous", ids)

@@ -43,7 +43,7 @@ const (
 	crashQueue      = "queue"
 	crashLedger     = "ledger"
 	crashConsumer   = "crash"
-	crashVisibility = time.Second
+	crashVisibility = 500 * time.Millisecond
 )
 
 // consumer is one consumer process. At each delivery it draws whether, and

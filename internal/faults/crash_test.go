@@ -35,13 +35,16 @@ type crashFigures struct {
 // Redis SET NX recipe shows what they lose or double.
 func TestConsumerCrashes(t *testing.T) {
 	for _, recipe := range []string{recipePgdedup, recipeMarkFirst, recipeMarkAfter} {
-		t.Run(recipe, func(t *testing.T) { testCrashes(t, recipe) })
+		t.Run(recipe, func(t *testing.T) {
+			t.Parallel()
+			testCrashes(t, recipe)
+		})
 	}
 }
 
 func testCrashes(t *testing.T, recipe string) {
-	const workers, crashP = 4, 0.15
-	n := scaled(300)
+	const workers, crashP = 4, 0.2
+	n := scaled(200)
 	ctx := testCtx(t, 90*time.Second)
 	db := pgtest.New(t)
 	q, err := NewQueue(ctx, db.Pool, crashQueue, crashVisibility)

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,8 +69,12 @@ func TestPostgresRestart(t *testing.T) {
 	start := time.Now()
 	var restartedAt time.Time
 	var outages []string
-	for _, mode := range []string{"fast", "immediate"} {
-		waitFor(ctx, func() bool { return acked.Load() >= int64(n)*int64(len(outages)+1)/3 })
+	modes := []string{"fast", "immediate"}
+	if soak() {
+		modes = slices.Repeat(modes, 5)
+	}
+	for _, mode := range modes {
+		waitFor(ctx, func() bool { return acked.Load() >= int64(n)*int64(len(outages)+1)/int64(len(modes)+1) })
 		before := processErrs.Load()
 		t0 := time.Now()
 		if err := cluster.Restart(mode); err != nil {
@@ -103,6 +108,7 @@ func TestPostgresRestart(t *testing.T) {
 	if acked.Load() != int64(n) {
 		t.Errorf("%d messages acked, want %d", acked.Load(), n)
 	}
+	waitFor(ctx, func() bool { return cleaner.LastSuccess().After(restartedAt) })
 	if !cleaner.LastSuccess().After(restartedAt) {
 		t.Errorf("cleanup did not succeed after the last restart (last success %s, restart %s)", cleaner.LastSuccess(), restartedAt)
 	}
