@@ -94,13 +94,23 @@ func runConsumer(recipe string) int {
 		return 2
 	}
 	q := OpenQueue(pool, crashQueue, crashVisibility)
+	parent, failingSince := os.Getppid(), time.Time{}
 	for {
+		if os.Getppid() != parent {
+			return 3 // orphaned: the test is gone, do not outlive it
+		}
 		ids, err := q.Receive(ctx, 1)
 		if err != nil {
 			fmt.Println("ERROR", err)
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			} else if time.Since(failingSince) > 10*time.Second {
+				return 3
+			}
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
+		failingSince = time.Time{}
 		if len(ids) == 0 {
 			if n, err := q.Len(ctx); err == nil && n == 0 {
 				return 0
