@@ -32,6 +32,10 @@ func NewQueue(ctx context.Context, db pgdedup.DB, name string, visibility time.D
 	visible_at timestamptz NOT NULL DEFAULT clock_timestamp(),
 	deliveries int NOT NULL DEFAULT 0,
 	acked      bool NOT NULL DEFAULT false)`)
+	if err == nil {
+		_, err = db.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+pgx.Identifier{name + "_visible"}.Sanitize()+
+			` ON `+q.table+` (visible_at, id) WHERE NOT acked`)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("faults: create queue: %w", err)
 	}
