@@ -146,16 +146,19 @@ func (c *CleanerLoad) Stop(t testing.TB) CleanerFigures {
 	if e, _ := c.firstErr.Load().(string); e != "" {
 		t.Logf("cleanup: first failed run: %s", e)
 	}
-	switch {
-	case f.Premature != 0:
+	if f.Premature != 0 {
 		t.Errorf("cleanup deleted %d rows before they expired", f.Premature)
-	case live != liveSeeds:
+	}
+	if live != liveSeeds {
 		t.Errorf("cleanup deleted live rows: %d of %d left", live, liveSeeds)
-	case expired != 0:
+	}
+	if expired != 0 {
 		t.Errorf("cleanup left %d of %d expired rows", expired, expiredSeeds)
-	case f.Runs == f.FailedRuns:
+	}
+	if f.Runs == f.FailedRuns {
 		t.Errorf("cleanup never succeeded in %d runs", f.Runs)
-	case f.Deleted < expiredSeeds:
+	}
+	if f.Deleted < expiredSeeds {
 		t.Errorf("cleanup deleted %d rows, fewer than the %d expired seeds", f.Deleted, expiredSeeds)
 	}
 	return f
