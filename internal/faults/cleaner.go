@@ -89,6 +89,7 @@ SELECT 'cleaner-expired', 'expired-' || i, now() - interval '1 hour' - i * inter
 		t.Fatal(err)
 	}
 	ctx, c.cancel = context.WithCancel(ctx)
+	t.Cleanup(func() { c.cancel(); c.wg.Wait() }) // when the test fails before Stop
 	c.wg.Add(2)
 	go func() {
 		defer c.wg.Done()
