@@ -2,65 +2,118 @@ package pgdedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Cleanup deletes the rows of every consumer whose expires_at has passed, in
-// transactions of at most Config.CleanupBatchSize rows each, until none is
-// left, and returns how many it deleted. It never deletes a row that has not
-// expired. Each batch commits on its own, so an interrupted Cleanup keeps its
-// progress; ctx is checked between batches.
+// Cleanup deletes the rows whose expires_at has passed, of every consumer in
+// the table (not only the Store's), and returns how many it deleted. It never
+// deletes a row that has not expired, so an ID stays a duplicate for its whole
+// Retention. One cleaner per database is enough.
 //
-// Cleanup is safe to run from many processes at once: each batch locks its rows
+// It deletes in transactions of at most Config.CleanupBatchSize rows, each
+// committed on its own, until a batch comes back short: no lock is held for
+// long, the WAL is written in small pieces, and an interrupted Cleanup keeps
+// the batches it committed. ctx is checked between batches and also cancels
+// the batch in flight: Cleanup then returns ctx.Err() and the rows deleted by
+// the batches it saw commit (the batch it interrupted may have committed too).
+// Rows it skipped because another cleaner held them, and rows committed late
+// by a long transaction with an expires_at behind the run's progress, are left
+// to the next run.
+//
+// Cleanup is safe to run from many processes at once: a batch locks its rows
 // with FOR UPDATE SKIP LOCKED, so cleaners skip each other's rows instead of
-// waiting or deadlocking. It holds no session state and works behind PgBouncer
-// in transaction pooling mode.
+// waiting, and never wait on a claim. It holds no session state and works
+// behind PgBouncer in transaction pooling mode.
+//
+// Each run is logged (info: rows deleted and duration; each batch at debug
+// level) and reported to Config.OnEvent as an EventCleanup.
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
-	defer func() {
-		d := time.Since(start)
-		if err != nil {
-			s.log.WarnContext(ctx, "pgdedup: cleanup failed", "deleted", deleted, "duration", d, "error", err)
-		} else {
-			s.log.InfoContext(ctx, "pgdedup: cleanup", "deleted", deleted, "duration", d)
-		}
-		s.emit(ctx, Event{Kind: EventCleanup, Count: deleted, Duration: d, Err: err})
-	}()
+	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
 	sql := s.cleanupSQL()
+	batch := int64(s.cfg.CleanupBatchSize)
+	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	for {
 		if err := ctx.Err(); err != nil {
 			return deleted, err
 		}
-		tag, err := s.db.Exec(ctx, sql, s.cfg.CleanupBatchSize)
+		t0 := time.Now()
+		var n int64
+		err := s.db.QueryRow(ctx, sql, batch, from).Scan(&n, &from)
 		if err != nil {
-			return deleted, fmt.Errorf("pgdedup: cleanup: %w", err)
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return deleted, ctxErr
+			}
+			return deleted, fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, err)
 		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(s.cfg.CleanupBatchSize) {
+		deleted += n
+		s.log.DebugContext(ctx, "pgdedup: cleanup batch", "deleted", n, "duration", time.Since(t0))
+		if n < batch {
 			return deleted, nil
 		}
 	}
 }
 
-// cleanupSQL deletes one batch: the oldest expired rows that no other
-// transaction has locked. A single statement is its own transaction.
+// cleanupSQL deletes one batch, as one statement and so one transaction: the
+// oldest expired rows that no other transaction has locked, from expires_at $2
+// on. It returns how many it deleted and the latest expires_at among them, where
+// the next batch starts, so that no batch walks again over the index entries of
+// the rows deleted before it: until vacuum removes them (and it cannot while any
+// older transaction is open) every scan from the start of the index would visit
+// them all, and a long Cleanup would slow down batch after batch.
+//
+// The rows are found through the expires_at index and deleted by ctid (a TID
+// scan, no second index lookup); the lock taken by FOR UPDATE keeps each ctid
+// pointing at the row that was selected until the DELETE, which checks
+// expires_at again.
 func (s *Store) cleanupSQL() string {
 	t := s.sql.table
-	return `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
-SELECT ctid FROM ` + t + ` WHERE expires_at < now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`
+	return `WITH deleted AS (
+DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
+SELECT ctid FROM ` + t + ` WHERE expires_at < now() AND expires_at >= $2
+ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+AND expires_at < now()
+RETURNING expires_at)
+SELECT count(*), coalesce(max(expires_at), $2) FROM deleted`
 }
 
-// RunCleaner runs Cleanup every interval (each wait jittered by ±10% so a fleet
-// of cleaners drifts apart) until ctx is done, then returns ctx.Err(). A failed
-// run is logged and tried again at the next tick. The first run starts after
-// one interval.
+// cleanupDone logs and reports one Cleanup run. A run stopped by its context
+// (a service shutting down) is not a failure worth a warning.
+func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration, err error) {
+	switch {
+	case err == nil:
+		s.log.InfoContext(ctx, "pgdedup: cleanup", "table", s.sql.table, "deleted", deleted, "duration", d)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		s.log.InfoContext(ctx, "pgdedup: cleanup stopped", "table", s.sql.table, "deleted", deleted, "duration", d, "error", err)
+	default:
+		s.log.WarnContext(ctx, "pgdedup: cleanup failed", "table", s.sql.table, "deleted", deleted, "duration", d, "error", err)
+	}
+	s.emit(ctx, Event{Kind: EventCleanup, Count: deleted, Duration: d, Err: err})
+}
+
+// RunCleaner runs Cleanup about every interval until ctx is done, then returns
+// ctx.Err(); it blocks, so start it in a goroutine of its own and cancel ctx to
+// stop it. It starts no goroutine itself.
+//
+// The first run comes after a random delay of up to one interval, and each wait
+// after a run is interval ±10%, so a fleet of services started together does
+// not clean in step. A failed run is logged (Config.Logger) and reported
+// (Config.OnEvent) and the next one comes at the next tick: a database outage
+// does not end the loop. Run it in every instance, or in one: concurrent
+// cleaners are safe and skip each other's rows.
+//
+// Pick interval well below Retention (an hour is a good start); a cleanup that
+// finds nothing to delete costs one index probe.
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		return fmt.Errorf("pgdedup: RunCleaner interval must be positive, got %s", interval)
 	}
-	t := time.NewTimer(jitter(interval))
+	t := time.NewTimer(rand.N(interval) + 1)
 	defer t.Stop()
 	for {
 		select {
@@ -73,6 +126,7 @@ func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
 	}
 }
 
+// jitter returns d ±10%, uniformly.
 func jitter(d time.Duration) time.Duration {
 	spread := d / 5
 	if spread <= 0 {

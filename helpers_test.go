@@ -94,3 +94,17 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	}
 	return n
 }
+
+// acquiredConns returns the pool's acquired connections once they have settled:
+// a connection closed after a cancelled query is destroyed asynchronously and
+// counts as acquired until then.
+func acquiredConns(pool *pgxpool.Pool) int32 {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := pool.Stat().AcquiredConns()
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

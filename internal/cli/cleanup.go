@@ -4,9 +4,101 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"time"
 )
 
+const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [flags]
+
+Deletes the message IDs whose retention has passed (expires_at before now),
+of every consumer in the table, in transactions of at most N rows each, and
+prints how many rows it deleted and how long it took. Rows that have not
+expired are never touched. Exits non-zero on failure; the batches committed
+before a failure stay deleted, so the next run picks up where it stopped.
+
+Safe to run from several places at once (cleaners skip each other's rows) and
+while consumers are processing. For cron, or a Kubernetes CronJob.
+
+Flags:
+  --database-url URL   the database (default: $DATABASE_URL)
+  --table NAME         the dedup table, optionally schema.table (default: processed_messages)
+  --batch N            rows per transaction (default: 10000)
+  --dry-run            only count the expired rows; delete nothing
+  --timeout D          give up after D, e.g. 10m; committed batches stay deleted (default: no limit)
+  --verbose            log each batch (rows and time) to stderr
+
+Examples:
+  pgdedup cleanup --database-url 'postgres://app@db:5432/app?sslmode=require'
+  DATABASE_URL=postgres://app@db/app pgdedup cleanup --dry-run
+  # crontab: every 15 minutes
+  */15 * * * * DATABASE_URL=postgres://app@db/app pgdedup cleanup --timeout 10m
+`
+
 func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "pgdedup cleanup: not implemented yet")
-	return 1
+	c := newCommand("cleanup", cleanupHelp, stdout, stderr)
+	fs := c.flags(true)
+	batch := fs.Int("batch", 10_000, "")
+	dryRun := fs.Bool("dry-run", false, "")
+	timeout := fs.Duration("timeout", 0, "")
+	verbose := fs.Bool("verbose", false, "")
+	rest, code, ok := c.parse(fs, args)
+	switch {
+	case !ok:
+		return code
+	case len(rest) > 0:
+		return c.usageError("unexpected argument %q", rest[0])
+	case *batch <= 0:
+		return c.usageError("--batch must be a positive number of rows, got %d", *batch)
+	case *timeout < 0:
+		return c.usageError("--timeout must not be negative, got %s", *timeout)
+	}
+	var logger *slog.Logger
+	if *verbose {
+		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if _, err := c.store(nil, *batch, logger); err != nil {
+		return c.usageError("%s", err)
+	}
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+
+	conn, code := c.connect(ctx)
+	if conn == nil {
+		return code
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	store, err := c.store(conn, *batch, logger)
+	if err != nil {
+		return c.fail(err)
+	}
+	if err := c.checkTable(ctx, conn, store); err != nil {
+		return c.fail(err)
+	}
+
+	if *dryRun {
+		var expired int64
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM `+store.Table()+` WHERE expires_at < now()`).Scan(&expired)
+		if err != nil {
+			return c.fail(fmt.Errorf("count expired rows: %w", err))
+		}
+		batches, plural := (expired+int64(*batch)-1)/int64(*batch), "es"
+		if batches == 1 {
+			plural = ""
+		}
+		fmt.Fprintf(stdout, "dry run: %d expired rows in %s would be deleted, in %d batch%s of at most %d; nothing was deleted\n",
+			expired, c.table, batches, plural, *batch)
+		return exitOK
+	}
+
+	start := time.Now()
+	deleted, err := store.Cleanup(ctx)
+	took := time.Since(start).Round(time.Millisecond)
+	if err != nil {
+		return c.fail(fmt.Errorf("stopped after deleting %d expired rows from %s in %s: %w", deleted, c.table, took, err))
+	}
+	fmt.Fprintf(stdout, "deleted %d expired rows from %s in %s\n", deleted, c.table, took)
+	return exitOK
 }

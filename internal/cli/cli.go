@@ -20,7 +20,9 @@ Commands:
   stats [--json]               rows per consumer, expiry, table size
   demo                         see exactly-once against broken recipes
 
-The database comes from --database-url or DATABASE_URL.
+The database comes from --database-url or DATABASE_URL (a password in it is
+never printed). cleanup and stats take --table (default processed_messages,
+optionally schema.table). Cleanup and stats cover every consumer in the table.
 Run "pgdedup <command> --help" for a command's flags and examples.
 `
 

@@ -2,11 +2,174 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
+const statsHelp = `Usage: pgdedup stats [--json] [flags]
+
+Prints, per consumer: the rows held, the oldest processed_at, the rows already
+expired (deleted by the next cleanup), and the next expiry among the rest;
+then the size of the table and of its indexes. It reads the whole table: on
+tens of millions of rows, expect it to take seconds.
+
+Flags:
+  --database-url URL   the database (default: $DATABASE_URL)
+  --table NAME         the dedup table, optionally schema.table (default: processed_messages)
+  --json               print JSON instead of a table (times in RFC 3339, sizes in bytes)
+
+Examples:
+  pgdedup stats --database-url 'postgres://app@db:5432/app?sslmode=require'
+  DATABASE_URL=postgres://app@db/app pgdedup stats --json | jq '.consumers[] | {consumer, expired_rows}'
+`
+
+// stats is what stats prints; its JSON form is the --json output.
+type stats struct {
+	Table       string          `json:"table"`
+	Now         time.Time       `json:"now"` // the database's clock, which expiry is measured against
+	Rows        int64           `json:"rows"`
+	ExpiredRows int64           `json:"expired_rows"`
+	TableBytes  int64           `json:"table_bytes"`
+	IndexBytes  int64           `json:"index_bytes"`
+	TotalBytes  int64           `json:"total_bytes"`
+	Consumers   []consumerStats `json:"consumers"`
+}
+
+type consumerStats struct {
+	Consumer          string     `json:"consumer"`
+	Rows              int64      `json:"rows"`
+	ExpiredRows       int64      `json:"expired_rows"`
+	OldestProcessedAt time.Time  `json:"oldest_processed_at"`
+	NextExpiry        *time.Time `json:"next_expiry"` // nil when every row has expired
+}
+
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "pgdedup stats: not implemented yet")
-	return 1
+	c := newCommand("stats", statsHelp, stdout, stderr)
+	fs := c.flags(true)
+	asJSON := fs.Bool("json", false, "")
+	rest, code, ok := c.parse(fs, args)
+	switch {
+	case !ok:
+		return code
+	case len(rest) > 0:
+		return c.usageError("unexpected argument %q", rest[0])
+	}
+	if _, err := c.store(nil, 0, nil); err != nil {
+		return c.usageError("%s", err)
+	}
+	conn, code := c.connect(ctx)
+	if conn == nil {
+		return code
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	store, err := c.store(conn, 0, nil)
+	if err != nil {
+		return c.fail(err)
+	}
+	if err := c.checkTable(ctx, conn, store); err != nil {
+		return c.fail(err)
+	}
+	st, err := readStats(ctx, conn, store.Table())
+	if err != nil {
+		return c.fail(err)
+	}
+	st.Table = c.table
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(st); err != nil {
+			return c.fail(err)
+		}
+		return exitOK
+	}
+	printStats(stdout, st)
+	return exitOK
+}
+
+// readStats reads everything in one repeatable-read transaction, so that the
+// totals, the consumers and now() agree.
+func readStats(ctx context.Context, conn *pgx.Conn, table string) (st stats, err error) {
+	err = pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `SELECT now(), pg_table_size(r), pg_indexes_size(r), pg_total_relation_size(r)
+FROM to_regclass($1::text) r`, table).Scan(&st.Now, &st.TableBytes, &st.IndexBytes, &st.TotalBytes)
+		if err != nil {
+			return fmt.Errorf("read sizes: %w", err)
+		}
+		rows, _ := tx.Query(ctx, `SELECT consumer, count(*), count(*) FILTER (WHERE expires_at < now()),
+min(processed_at), min(expires_at) FILTER (WHERE expires_at >= now())
+FROM `+table+` GROUP BY consumer ORDER BY consumer`)
+		st.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (cs consumerStats, err error) {
+			err = row.Scan(&cs.Consumer, &cs.Rows, &cs.ExpiredRows, &cs.OldestProcessedAt, &cs.NextExpiry)
+			return cs, err
+		})
+		if err != nil {
+			return fmt.Errorf("read consumers: %w", err)
+		}
+		return nil
+	})
+	st.Now = st.Now.UTC()
+	st.Consumers = append(make([]consumerStats, 0, len(st.Consumers)), st.Consumers...) // [] rather than null in JSON
+	for i := range st.Consumers {
+		cs := &st.Consumers[i]
+		st.Rows += cs.Rows
+		st.ExpiredRows += cs.ExpiredRows
+		cs.OldestProcessedAt = cs.OldestProcessedAt.UTC()
+		if cs.NextExpiry != nil {
+			*cs.NextExpiry = cs.NextExpiry.UTC()
+		}
+	}
+	return st, err
+}
+
+func printStats(w io.Writer, st stats) {
+	fmt.Fprintf(w, "%s: %d rows, %d expired; %s (table %s, indexes %s)\n\n", st.Table, st.Rows, st.ExpiredRows,
+		bytes(st.TotalBytes), bytes(st.TableBytes), bytes(st.IndexBytes))
+	if len(st.Consumers) == 0 {
+		fmt.Fprintln(w, "no rows")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tROWS\tEXPIRED\tOLDEST PROCESSED\tNEXT EXPIRY")
+	for _, cs := range st.Consumers {
+		next := "-"
+		if cs.NextExpiry != nil {
+			next = fmt.Sprintf("%s (in %s)", cs.NextExpiry.Format(time.RFC3339), roughly(cs.NextExpiry.Sub(st.Now)))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s (%s ago)\t%s\n", cs.Consumer, cs.Rows, cs.ExpiredRows,
+			cs.OldestProcessedAt.Format(time.RFC3339), roughly(st.Now.Sub(cs.OldestProcessedAt)), next)
+	}
+	tw.Flush()
+	if st.ExpiredRows > 0 {
+		fmt.Fprintf(w, "\n%d expired rows wait for cleanup (RunCleaner, or `pgdedup cleanup`)\n", st.ExpiredRows)
+	}
+}
+
+// roughly formats d to the second, or to the minute beyond an hour ("3h5m").
+func roughly(d time.Duration) string {
+	if d.Abs() > time.Hour {
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+	return d.Round(time.Second).String()
+}
+
+// bytes formats n in kB, MB or GB (powers of 1024, like pg_size_pretty).
+func bytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	v, suffix := float64(n)/unit, "kB"
+	for _, s := range []string{"MB", "GB", "TB"} {
+		if v < unit {
+			break
+		}
+		v, suffix = v/unit, s
+	}
+	return fmt.Sprintf("%.1f %s", v, suffix)
 }

@@ -1,0 +1,106 @@
+package pgdedup_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+// 200,000 expired rows of two consumers among live ones: exactly the expired
+// ones go, in bounded batches, and a live ID is still a duplicate afterwards.
+func TestCleanupDeletesExactlyTheExpired(t *testing.T) {
+	t.Parallel()
+	sink, events := &logSink{}, &eventLog{}
+	b := setup(t, pgdedup.Config{Logger: slog.New(sink), OnEvent: events.add})
+	ctx := ctxT(t)
+	seed(t, b.pool, "billing", "old-", 120_000, -time.Hour)
+	seed(t, b.pool, "emails", "old-", 80_000, -time.Hour)
+	seed(t, b.pool, "billing", "edge-", 1, -time.Millisecond)
+	seed(t, b.pool, "billing", "live-", 1_000, time.Hour)
+	seed(t, b.pool, "emails", "live-", 1_000, 24*time.Hour)
+	for i := range 5 {
+		id := fmt.Sprint("order-", i)
+		if ok, err := b.store.Process(ctx, id, charge(id)); err != nil || !ok {
+			t.Fatalf("Process(%s) = %v, %v", id, ok, err)
+		}
+	}
+
+	deleted, err := b.store.Cleanup(ctx)
+	if err != nil || deleted != 200_001 {
+		t.Fatalf("Cleanup = %d, %v; want 200001, nil", deleted, err)
+	}
+	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < now()`); n != 0 {
+		t.Errorf("%d expired rows left", n)
+	}
+	for consumer, want := range map[string]int{"billing": 1_005, "emails": 1_000} {
+		if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = $1`, consumer); n != want {
+			t.Errorf("%s: %d live rows left, want %d", consumer, n, want)
+		}
+	}
+	for i := range 5 {
+		id := fmt.Sprint("order-", i)
+		if ok, err := b.store.Process(ctx, id, charge(id)); err != nil || ok {
+			t.Errorf("Process(%s) after cleanup = %v, %v; want a duplicate", id, ok, err)
+		}
+		if n := chargesPerOrder(t, b.pool)[id]; n != 1 {
+			t.Errorf("%s charged %d times", id, n)
+		}
+	}
+
+	batches := sink.batches()
+	if len(batches) != 21 {
+		t.Errorf("deleted in %d batches %v, want 20 of 10000 and 1 of 1", len(batches), batches)
+	}
+	for _, n := range batches {
+		if n > 10_000 {
+			t.Errorf("a batch deleted %d rows, more than the default 10000", n)
+		}
+	}
+	runs := events.cleanups()
+	if len(runs) != 1 || runs[0].Count != 200_001 || runs[0].Err != nil || runs[0].Duration <= 0 {
+		t.Errorf("cleanup events = %+v; want one with Count 200001, a duration and no error", runs)
+	}
+	if got := sink.find("pgdedup: cleanup"); got == nil || attr(*got, "deleted") != "200001" || attr(*got, "duration") == "" {
+		t.Errorf("no info log with rows deleted and duration: %v", got)
+	}
+	if deleted, err := b.store.Cleanup(ctx); deleted != 0 || err != nil {
+		t.Errorf("second Cleanup = %d, %v; want 0, nil", deleted, err)
+	}
+}
+
+// Cancelling ctx stops Cleanup between batches; the committed batches stay
+// deleted, and the next run takes the rest in batches of CleanupBatchSize.
+func TestCleanupHonorsCtxBetweenBatches(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(ctxT(t))
+	sink := &logSink{}
+	sink.onBatch = func(int64) { cancel() }
+	b := setup(t, pgdedup.Config{CleanupBatchSize: 1_000, Logger: slog.New(sink)})
+	seed(t, b.pool, "billing", "old-", 5_500, -time.Hour)
+	seed(t, b.pool, "billing", "live-", 10, time.Hour)
+
+	deleted, err := b.store.Cleanup(ctx)
+	if !errors.Is(err, context.Canceled) || deleted != 1_000 {
+		t.Fatalf("cancelled Cleanup = %d, %v; want 1000, context.Canceled", deleted, err)
+	}
+	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 4_510 {
+		t.Fatalf("%d rows after the cancelled run, want 4510: the first batch must stay deleted", n)
+	}
+
+	sink.onBatch = nil
+	deleted, err = b.store.Cleanup(ctxT(t))
+	if err != nil || deleted != 4_500 {
+		t.Fatalf("Cleanup = %d, %v; want 4500, nil", deleted, err)
+	}
+	if got, want := fmt.Sprint(sink.batches()), "[1000 1000 1000 1000 1000 500]"; got != want {
+		t.Errorf("batches %s, want %s", got, want)
+	}
+	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 10 {
+		t.Errorf("%d rows left, want the 10 live ones", n)
+	}
+}

@@ -1,0 +1,72 @@
+package idempotency_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/idempotency"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// A POST /orders endpoint that creates each order once per Idempotency-Key:
+// the second request with the same key gets the first response, replayed.
+func Example() {
+	pool, done := pgtest.ForExample() // a migrated schema; use your own pool
+	defer done()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
+		panic(err)
+	}
+
+	mw, err := idempotency.New(pool, idempotency.Config{Store: pgdedup.Config{Consumer: "orders-api"}})
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in struct{ Item string }
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, "bad JSON", http.StatusBadRequest) // stored: the same request gets it again
+			return
+		}
+		var id int64
+		err := idempotency.Tx(r.Context()).QueryRow(r.Context(),
+			`INSERT INTO orders (item) VALUES ($1) RETURNING id`, in.Item).Scan(&id)
+		if err != nil {
+			http.Error(w, "try again", http.StatusInternalServerError) // rolled back, not stored
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d,"item":%q}`+"\n", id, in.Item)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"book"}`))
+		req.Header.Set("Idempotency-Key", "order-7f3c")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d replayed=%q %s", resp.StatusCode, resp.Header.Get(idempotency.ReplayedHeader), body)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		panic(err)
+	}
+	fmt.Println("orders:", n)
+	// Output:
+	// 201 replayed="" {"order":1,"item":"book"}
+	// 201 replayed="true" {"order":1,"item":"book"}
+	// orders: 1
+}

@@ -1,0 +1,190 @@
+package idempotency_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup/idempotency"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// chargeAPI is the handler under test: POST {"order": "...", "amount": N}
+// inserts a charge in the middleware's transaction and answers 201 with the
+// charge, including a timestamp, so a handler run twice answers different bytes.
+type chargeAPI struct {
+	calls    atomic.Int32
+	failNext atomic.Int32  // how many of the next calls answer 500 after writing
+	panics   atomic.Bool   // the next call panics after writing
+	gate     chan struct{} // when set, each call waits for a value from it
+	entered  chan struct{} // when set, each call sends to it on entry
+	bodySize atomic.Int32  // when set, the answer's body is padded to this size
+}
+
+func (a *chargeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.calls.Add(1)
+	if a.entered != nil {
+		a.entered <- struct{}{}
+	}
+	if a.gate != nil {
+		<-a.gate
+	}
+	var in struct {
+		Order  string `json:"order"`
+		Amount int    `json:"amount"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+		http.Error(w, "bad JSON: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	tx := idempotency.Tx(r.Context())
+	var id int64
+	err := tx.QueryRow(r.Context(), `INSERT INTO charges (order_id, amount) VALUES ($1, $2) RETURNING id`, in.Order, in.Amount).Scan(&id)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	if a.panics.CompareAndSwap(true, false) {
+		panic(http.ErrAbortHandler)
+	}
+	if a.failNext.Add(-1) >= 0 {
+		http.Error(w, "payment provider unavailable", http.StatusBadGateway)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/charges/%d", id))
+	w.Header().Set("X-Handled-At", time.Now().Format(time.RFC3339Nano)) // not a replay header
+	w.WriteHeader(http.StatusCreated)
+	body := fmt.Sprintf(`{"id":%d,"order":%q,"amount":%d,"at":%q}`, id, in.Order, in.Amount, time.Now().Format(time.RFC3339Nano))
+	if size := int(a.bodySize.Load()); size > len(body) {
+		body += strings.Repeat(" ", size-len(body))
+	}
+	fmt.Fprint(w, body)
+}
+
+func newAPI(bodySize int32) *chargeAPI {
+	a := &chargeAPI{}
+	a.bodySize.Store(bodySize)
+	return a
+}
+
+type bundle struct {
+	db   *pgtest.DB
+	pool *pgxpool.Pool
+	mw   *idempotency.Middleware
+	api  *chargeAPI
+	url  string
+}
+
+func setup(t *testing.T, cfg idempotency.Config, api *chargeAPI) *bundle {
+	t.Helper()
+	db := pgtest.New(t)
+	if _, err := db.Pool.Exec(context.Background(),
+		`CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL, amount int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idempotency.New(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if api == nil {
+		api = &chargeAPI{}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", mw.Wrap(api))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic test's recovered panic
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return &bundle{db: db, pool: db.Pool, mw: mw, api: api, url: srv.URL + "/charges"}
+}
+
+// reply is what a client received.
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (r reply) replayed() bool { return r.header.Get(idempotency.ReplayedHeader) == "true" }
+
+func (r reply) String() string { return fmt.Sprintf("%d %v %q", r.status, r.header, r.body) }
+
+// post sends body to url with the given key ("" for none) and extra headers
+// as name, value pairs.
+func post(t *testing.T, url, key, body string, headers ...string) reply {
+	t.Helper()
+	r, err := send(url, key, body, headers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// send posts with http.DefaultClient. Note that Go's http.Transport itself
+// resends a request that has an Idempotency-Key header when a reused
+// connection fails; sendWith(freshConns, ...) avoids that.
+func send(url, key, body string, headers ...string) (reply, error) {
+	return sendWith(http.DefaultClient, url, key, body, headers...)
+}
+
+// freshConns opens a connection per request, so its Transport never resends.
+var freshConns = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
+func sendWith(c *http.Client, url, key, body string, headers ...string) (reply, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: string(b)}, err
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func charges(t *testing.T, pool *pgxpool.Pool) int {
+	return count(t, pool, `SELECT count(*) FROM charges`)
+}
+
+// keys returns how many idempotency keys are recorded.
+func keys(t *testing.T, pool *pgxpool.Pool) int {
+	return count(t, pool, `SELECT count(*) FROM processed_messages`)
+}
+
+// isProblem reports whether r is one of the middleware's problem answers.
+func isProblem(r reply, status int) bool {
+	var p struct {
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}
+	return r.status == status && r.header.Get("Content-Type") == idempotency.ProblemContentType &&
+		json.Unmarshal([]byte(r.body), &p) == nil && p.Status == status && p.Detail != ""
+}

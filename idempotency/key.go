@@ -1,0 +1,67 @@
+package idempotency
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// validateKey accepts 1 to maxLen bytes of visible ASCII. Spaces are excluded,
+// which also keeps scopedID unambiguous.
+func validateKey(key string, maxLen int) error {
+	if len(key) > maxLen {
+		return fmt.Errorf("%d bytes, longer than %d", len(key), maxLen)
+	}
+	if key == "" {
+		return errors.New("empty")
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("byte %d is %q; use visible ASCII only (letters, digits, punctuation, no spaces), such as a UUID", i, c)
+		}
+	}
+	return nil
+}
+
+// scopedID is the message ID a key is recorded under: the key alone, or the
+// scope, a space and the key. Keys have no spaces, so the last space of an ID
+// separates scope and key and two (scope, key) pairs never share an ID.
+func scopedID(scope func(*http.Request) string, r *http.Request, key string) string {
+	if scope == nil {
+		return key
+	}
+	if s := scope(r); s != "" {
+		return s + " " + key
+	}
+	return key
+}
+
+// readBody reads the whole request body, at most limit bytes. On failure it
+// returns the status to answer with and a detail for the client; status 0 is
+// success.
+func readBody(r *http.Request, limit int64) (body []byte, status int, detail string) {
+	if r.Body == nil {
+		return []byte{}, 0, ""
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, http.StatusBadRequest, "The request body could not be read."
+	}
+	if int64(len(body)) > limit {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("The request body is larger than %d bytes, the most this endpoint accepts with an idempotency key.", limit)
+	}
+	return body, 0, ""
+}
+
+// defaultFingerprint identifies a request by its method, target (path and
+// query, as sent) and body.
+func defaultFingerprint(r *http.Request, body []byte) string {
+	return r.Method + " " + r.URL.RequestURI() + "\n" + string(body)
+}
+
+func fingerprintSum(s string) []byte {
+	sum := sha256.Sum256([]byte(s))
+	return sum[:]
+}

@@ -1,0 +1,181 @@
+package idempotency_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/idempotency"
+)
+
+func TestScopeSeparatesUsers(t *testing.T) {
+	t.Parallel()
+	scope := func(r *http.Request) string {
+		if u := r.Header.Get("X-User"); u != "alice-space" {
+			return u
+		}
+		return "alice " // net/http trims header values, so map it here
+	}
+	b := setup(t, idempotency.Config{Scope: scope}, nil)
+
+	alice := post(t, b.url, "k", order, "X-User", "alice")
+	bob := post(t, b.url, "k", order, "X-User", "bob")
+	// A scope ending in a space must not meet another (scope, key) pair.
+	spaced := post(t, b.url, "k", order, "X-User", "alice-space")
+	anon := post(t, b.url, "k", order)
+	for name, r := range map[string]reply{"alice": alice, "bob": bob, "alice+space": spaced, "anonymous": anon} {
+		if r.status != 201 || r.replayed() {
+			t.Errorf("%s: %v", name, r)
+		}
+	}
+	if again := post(t, b.url, "k", order, "X-User", "alice"); again.body != alice.body || !again.replayed() {
+		t.Fatalf("alice again: %v", again)
+	}
+	if charges(t, b.pool) != 4 || keys(t, b.pool) != 4 {
+		t.Fatalf("%d charges, %d keys; want 4, 4", charges(t, b.pool), keys(t, b.pool))
+	}
+}
+
+func TestOptionalKeyStillRunsInATransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{Optional: true}, nil)
+
+	if r := post(t, b.url, "", order); r.status != 201 {
+		t.Fatalf("no key: %v", r)
+	}
+	b.api.failNext.Store(1)
+	if r := post(t, b.url, "", order); r.status != 502 {
+		t.Fatalf("no key, failing handler: %v", r)
+	}
+	if r := post(t, b.url, "", order); r.status != 201 || r.replayed() {
+		t.Fatalf("no key again: %v", r)
+	}
+	// Without a key nothing is deduplicated or recorded; the 5xx rolled back.
+	if charges(t, b.pool) != 2 || keys(t, b.pool) != 0 {
+		t.Fatalf("%d charges, %d keys; want 2, 0", charges(t, b.pool), keys(t, b.pool))
+	}
+}
+
+func TestLargeResponseIsSentButOnlyStatusAndHeadersReplayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{MaxStoredBody: 100}, newAPI(101))
+
+	first := post(t, b.url, "big", order)
+	if first.status != 201 || len(first.body) != 101 {
+		t.Fatalf("first: %v", first)
+	}
+	again := post(t, b.url, "big", order)
+	if again.status != 201 || again.body != "" || !again.replayed() ||
+		again.header.Get(idempotency.BodyOmittedHeader) != "true" ||
+		again.header.Get("Location") != first.header.Get("Location") {
+		t.Fatalf("retry: %v", again)
+	}
+	if b.api.calls.Load() != 1 || charges(t, b.pool) != 1 {
+		t.Fatalf("%d handler calls, %d charges; want 1, 1", b.api.calls.Load(), charges(t, b.pool))
+	}
+	// At the limit, the body is kept.
+	b.api.bodySize.Store(100)
+	post(t, b.url, "at-limit", order)
+	if r := post(t, b.url, "at-limit", order); len(r.body) != 100 || !r.replayed() {
+		t.Fatalf("response of exactly MaxStoredBody, replayed: %v", r)
+	}
+}
+
+func TestRequestBodyLimitAndClientErrorsStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{MaxRequestBody: 64}, nil)
+
+	if r := post(t, b.url, "k", `{"order":"`+strings.Repeat("x", 60)+`"}`); !isProblem(r, 413) {
+		t.Fatalf("body over MaxRequestBody: %v", r)
+	}
+	// A 4xx from the handler is the request's answer: stored and replayed.
+	bad := post(t, b.url, "k", `not json`)
+	if bad.status != 400 || bad.replayed() {
+		t.Fatalf("bad JSON: %v", bad)
+	}
+	if r := post(t, b.url, "k", `not json`); r.status != 400 || r.body != bad.body || !r.replayed() {
+		t.Fatalf("bad JSON again: %v", r)
+	}
+	if b.api.calls.Load() != 1 || keys(t, b.pool) != 1 {
+		t.Fatalf("%d handler calls, %d keys; want 1, 1", b.api.calls.Load(), keys(t, b.pool))
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	db := setup(t, idempotency.Config{}, nil).pool
+	for name, cfg := range map[string]idempotency.Config{
+		"negative wait":    {InFlightWait: -1},
+		"key too long":     {MaxKeyLen: 2000},
+		"negative body":    {MaxStoredBody: -1},
+		"bad table":        {Store: pgdedup.Config{Table: "x.y.z"}},
+		"negative request": {MaxRequestBody: -1},
+	} {
+		if _, err := idempotency.New(db, cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestCustomHeaderName(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{Header: "x-request-key"}, nil)
+
+	if r := post(t, b.url, "k", order); !isProblem(r, 400) || !strings.Contains(r.body, "X-Request-Key") {
+		t.Fatalf("only Idempotency-Key sent: %v", r)
+	}
+	first := post(t, b.url, "", order, "X-Request-Key", "k")
+	again := post(t, b.url, "", order, "X-Request-Key", "k")
+	if first.status != 201 || again.body != first.body || !again.replayed() || b.api.calls.Load() != 1 {
+		t.Fatalf("first: %v\nagain: %v\ncalls %d", first, again, b.api.calls.Load())
+	}
+}
+
+func TestKeyValidationAndMissingKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{MaxKeyLen: 16}, nil)
+
+	for name, r := range map[string]reply{
+		"missing":   post(t, b.url, "", order),
+		"too long":  post(t, b.url, strings.Repeat("k", 17), order),
+		"space":     post(t, b.url, "a b", order),
+		"non-ASCII": post(t, b.url, "clé", order),
+		"two keys":  post(t, b.url, "a", order, "Idempotency-Key", "b"),
+	} {
+		if !isProblem(r, 400) {
+			t.Errorf("%s: %v", name, r)
+		}
+	}
+	if r := post(t, b.url, strings.Repeat("k", 16), order); r.status != 201 {
+		t.Fatalf("key of MaxKeyLen: %v", r)
+	}
+	if b.api.calls.Load() != 1 || keys(t, b.pool) != 1 {
+		t.Fatalf("%d handler calls, %d keys; want 1, 1", b.api.calls.Load(), keys(t, b.pool))
+	}
+}
+
+func TestWaiterRunsHandlerWhenTheFirstFails(t *testing.T) {
+	t.Parallel()
+	api := &chargeAPI{gate: make(chan struct{}), entered: make(chan struct{}, 2)}
+	api.failNext.Store(1)
+	b := setup(t, idempotency.Config{InFlightWait: time.Minute}, api)
+
+	replies := make(chan reply, 2)
+	go func() { r, _ := send(b.url, "k", order); replies <- r }()
+	<-api.entered // the first holds the key
+	go func() { r, _ := send(b.url, "k", order); replies <- r }()
+	time.Sleep(100 * time.Millisecond) // let the second start waiting
+	api.gate <- struct{}{}             // the first answers 502 and rolls back
+	first := <-replies
+	<-api.entered // the waiter claimed the key and runs the handler
+	api.gate <- struct{}{}
+	second := <-replies
+	if first.status != 502 || second.status != 201 || second.replayed() {
+		t.Fatalf("first: %v\nsecond: %v", first, second)
+	}
+	if api.calls.Load() != 2 || charges(t, b.pool) != 1 {
+		t.Fatalf("%d calls, %d charges; want 2, 1", api.calls.Load(), charges(t, b.pool))
+	}
+}

@@ -1,0 +1,102 @@
+package cli_test
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// insert adds n rows for consumer whose expires_at is expires (SQL).
+func insert(t *testing.T, pool *pgxpool.Pool, consumer string, n int, processed, expires string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
+SELECT $1, md5(random()::text) || g, `+processed+`, `+expires+` FROM generate_series(1, $2::int) g`, consumer, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rows(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_messages`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// --dry-run counts and deletes nothing; cleanup deletes the expired rows of
+// every consumer, in batches of --batch, and only those.
+func TestCleanupCommand(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	insert(t, db.Pool, "billing", 1_500, "now() - interval '3 days'", "now() - interval '1 hour'")
+	insert(t, db.Pool, "emails", 1_000, "now() - interval '3 days'", "now() - interval '1 second'")
+	insert(t, db.Pool, "emails", 10, "now()", "now() + interval '1 hour'")
+
+	r := run(t, "cleanup", "--dry-run", "--batch", "1000", "--database-url", db.URL)
+	if r.code != 0 || r.stdout != "dry run: 2500 expired rows in processed_messages would be deleted, in 3 batches of at most 1000; nothing was deleted\n" {
+		t.Errorf("dry run: %s", r)
+	}
+	if n := rows(t, db.Pool); n != 2_510 {
+		t.Fatalf("%d rows after a dry run, want 2510", n)
+	}
+
+	r = run(t, "cleanup", "--batch", "1000", "--verbose", "--database-url", db.URL)
+	if r.code != 0 || !regexp.MustCompile(`^deleted 2500 expired rows from processed_messages in [0-9.]+m?s\n$`).MatchString(r.stdout) {
+		t.Errorf("cleanup: %s", r)
+	}
+	if n := strings.Count(r.stderr, `msg="pgdedup: cleanup batch"`); n != 3 {
+		t.Errorf("--verbose logged %d batches, want 3:\n%s", n, r.stderr)
+	}
+	if n := rows(t, db.Pool); n != 10 {
+		t.Errorf("%d rows left, want the 10 live ones", n)
+	}
+	if r = run(t, "cleanup", "--database-url", db.URL); r.code != 0 || !strings.HasPrefix(r.stdout, "deleted 0 expired rows") {
+		t.Errorf("cleanup with nothing to do: %s", r)
+	}
+}
+
+// Bad flags are refused before connecting (the URL here answers nothing).
+func TestCleanupCommandBadInput(t *testing.T) {
+	t.Parallel()
+	nowhere := "postgres://app@127.0.0.1:1/app"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--batch", "0"}, "--batch must be a positive number of rows, got 0"},
+		{[]string{"--batch", "-5"}, "--batch must be a positive number of rows, got -5"},
+		{[]string{"--batch", "many"}, `invalid value "many" for flag -batch`},
+		{[]string{"--table", "my-table"}, `invalid Config.Table "my-table"`},
+		{[]string{"--timeout", "-1s"}, "--timeout must not be negative"},
+		{[]string{"now"}, `unexpected argument "now"`},
+	} {
+		r := run(t, append([]string{"cleanup", "--database-url", nowhere}, tc.args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("cleanup %q: want exit 2 and %q, got %s", tc.args, tc.want, r)
+		}
+	}
+}
+
+// A missing table is a failure that says what to run.
+func TestCleanupAndStatsMissingTable(t *testing.T) {
+	t.Parallel()
+	unmigrated, migrated := pgtest.NewUnmigrated(t), pgtest.New(t)
+	for _, cmd := range []string{"cleanup", "stats"} {
+		r := run(t, cmd, "--database-url", unmigrated.URL)
+		if r.code != 1 || !strings.Contains(r.stderr, "table processed_messages not found") ||
+			!strings.Contains(r.stderr, "run `pgdedup migrate up`") || !strings.Contains(r.stderr, unmigrated.Schema) {
+			t.Errorf("%s on an unmigrated schema: %s", cmd, r)
+		}
+		r = run(t, cmd, "--table", "ops.dedup", "--database-url", migrated.URL)
+		if r.code != 1 || !strings.Contains(r.stderr, "table ops.dedup not found") {
+			t.Errorf("%s --table ops.dedup: %s", cmd, r)
+		}
+	}
+}

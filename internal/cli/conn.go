@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+// Exit codes, as documented on Main.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+const defaultConnectTimeout = 10 * time.Second
+
+// command is one run of a subcommand: where it writes, and what it must never
+// write (the passwords of the database URL).
+type command struct {
+	name           string // "cleanup", "migrate", …
+	help           string // printed by --help and after a usage error
+	stdout, stderr io.Writer
+	redactor
+	databaseURL string
+	table       string
+}
+
+func newCommand(name, help string, stdout, stderr io.Writer) *command {
+	return &command{name: name, help: help, stdout: stdout, stderr: stderr}
+}
+
+// flags returns the subcommand's flag set with --database-url, and --table
+// when withTable is set.
+func (c *command) flags(withTable bool) *flag.FlagSet {
+	fs := flag.NewFlagSet("pgdedup "+c.name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.Usage = func() {}
+	fs.StringVar(&c.databaseURL, "database-url", "", "")
+	if withTable {
+		fs.StringVar(&c.table, "table", "processed_messages", "")
+	}
+	return fs
+}
+
+// parse parses args, allowing flags before and after the positional arguments
+// ("migrate up --database-url …"), and returns the positional ones. When it
+// returns ok false, the caller exits with code: 0 after --help, 2 after a
+// usage error, both already reported.
+func (c *command) parse(fs *flag.FlagSet, args []string) (positional []string, code int, ok bool) {
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprint(c.stdout, c.help)
+				return nil, exitOK, false
+			}
+			fmt.Fprintf(c.stderr, "Run 'pgdedup %s --help' for usage.\n", c.name)
+			return nil, exitUsage, false
+		}
+		if fs.NArg() == 0 {
+			return positional, 0, true
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// fail reports err, without any password, and returns the failure exit code.
+func (c *command) fail(err error) int {
+	fmt.Fprintf(c.stderr, "pgdedup %s: %s\n", c.name, c.redact(err.Error()))
+	return exitFail
+}
+
+// usageError reports a bad invocation and returns the usage exit code.
+func (c *command) usageError(format string, args ...any) int {
+	msg := fmt.Sprintf(format, args...)
+	fmt.Fprintf(c.stderr, "pgdedup %s: %s\nRun 'pgdedup %s --help' for usage.\n", c.name, c.redact(msg), c.name)
+	return exitUsage
+}
+
+// connConfig parses the database URL from --database-url or DATABASE_URL.
+// Unless the URL chooses a query mode, statements are not cached on the server
+// (default_query_exec_mode=exec): the CLI runs a handful of them, and so works
+// behind PgBouncer in transaction pooling mode as it is.
+func (c *command) connConfig() (*pgx.ConnConfig, int, error) {
+	raw := c.databaseURL
+	if raw == "" {
+		raw = os.Getenv("DATABASE_URL")
+	}
+	if raw == "" {
+		return nil, exitUsage, errors.New("no database: pass --database-url or set DATABASE_URL")
+	}
+	c.addURL(raw)
+	cfg, err := pgx.ParseConfig(raw)
+	if err != nil {
+		return nil, exitUsage, fmt.Errorf("invalid database URL: %w", err)
+	}
+	c.add(cfg.Password)
+	if !strings.Contains(raw, "default_query_exec_mode") {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = defaultConnectTimeout
+	}
+	return cfg, exitOK, nil
+}
+
+// connect opens one connection; on failure it has reported why and returns
+// the exit code.
+func (c *command) connect(ctx context.Context) (*pgx.Conn, int) {
+	cfg, code, err := c.connConfig()
+	if err != nil {
+		return nil, c.exit(code, err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, c.fail(fmt.Errorf("cannot connect to %s: %w", describe(cfg), err))
+	}
+	return conn, exitOK
+}
+
+// openDB is connect for database/sql, which goose needs.
+func (c *command) openDB(ctx context.Context) (*sql.DB, int) {
+	cfg, code, err := c.connConfig()
+	if err != nil {
+		return nil, c.exit(code, err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, c.fail(fmt.Errorf("cannot connect to %s: %w", describe(cfg), err))
+	}
+	return db, exitOK
+}
+
+func (c *command) exit(code int, err error) int {
+	if code == exitUsage {
+		return c.usageError("%s", err)
+	}
+	return c.fail(err)
+}
+
+// describe names the database without the password.
+func describe(cfg *pgx.ConnConfig) string {
+	return fmt.Sprintf("%s@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
+}
+
+// store returns a Store on conn for the --table flag, checking the flags
+// without touching the database (New never does; conn may be nil then). The
+// CLI only cleans up and reads, for every consumer, so the consumer name is a
+// placeholder.
+func (c *command) store(conn *pgx.Conn, batch int, logger *slog.Logger) (*pgdedup.Store, error) {
+	return pgdedup.New(conn, pgdedup.Config{Consumer: "pgdedup-cli", Table: c.table, CleanupBatchSize: batch, Logger: logger})
+}
+
+// checkTable turns a missing table into an error that says what to do.
+func (c *command) checkTable(ctx context.Context, conn *pgx.Conn, s *pgdedup.Store) error {
+	var exists bool
+	var searchPath string
+	err := conn.QueryRow(ctx, `SELECT to_regclass($1::text) IS NOT NULL, current_setting('search_path')`, s.Table()).
+		Scan(&exists, &searchPath)
+	if err != nil {
+		return fmt.Errorf("look up table %s: %w", c.table, err)
+	}
+	if !exists {
+		return fmt.Errorf("table %s not found (search_path: %s): run `pgdedup migrate up`, or pass --table if it has another name", c.table, searchPath)
+	}
+	return nil
+}

@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// `pgdedup demo` with small numbers prints the table with pgdedup's verdict
+// and exits 0.
+func TestDemoCommand(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr strings.Builder
+	code := Main(context.Background(), []string{"demo", "--orders", "200", "--consumers", "3",
+		"--redelivery-rate", "0.4", "--crash-rate", "0.1", "--database-url", pgtest.URL(t)}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit code %d, stderr:\n%s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"200 orders, 3 consumers", "pgdedup (claim in the charge's tx)",
+		"mark-then-process", "pgdedup: OK", "dropped"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// DATABASE_URL is used when --database-url is absent.
+func TestDemoCommandReadsDatabaseURL(t *testing.T) {
+	t.Setenv("DATABASE_URL", pgtest.URL(t))
+	var stdout, stderr strings.Builder
+	if code := Main(context.Background(), []string{"demo", "--orders", "20"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit code %d, stderr:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "pgdedup: OK") {
+		t.Errorf("output:\n%s", stdout.String())
+	}
+}
+
+// --help prints flags and examples on stdout and exits 0; bad flags exit 2
+// before any connection.
+func TestDemoCommandUsage(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr strings.Builder
+	if code := Main(context.Background(), []string{"demo", "--help"}, &stdout, &stderr); code != 0 || stderr.Len() != 0 {
+		t.Errorf("--help: exit code %d, stderr %q", code, stderr.String())
+	}
+	for _, want := range []string{"--orders", "--keep", "DATABASE_URL", "Examples:"} {
+		if !strings.Contains(stdout.String(), strings.TrimLeft(want, "-")) {
+			t.Errorf("--help lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	unreachable := "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	for _, args := range [][]string{
+		{"demo", "--orders", "x"},
+		{"demo", "--crash-rate", "0.95", "--database-url", unreachable},
+		{"demo", "--consumers", "0", "--database-url", unreachable},
+		{"demo", "extra"},
+	} {
+		stderr.Reset()
+		if code := Main(context.Background(), args, &stdout, &stderr); code != 2 {
+			t.Errorf("%v: exit code %d, want 2 (stderr: %s)", args, code, stderr.String())
+		}
+	}
+}

@@ -1,0 +1,89 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// statsJSON mirrors the documented --json output.
+type statsJSON struct {
+	Table       string    `json:"table"`
+	Now         time.Time `json:"now"`
+	Rows        int64     `json:"rows"`
+	ExpiredRows int64     `json:"expired_rows"`
+	TableBytes  int64     `json:"table_bytes"`
+	IndexBytes  int64     `json:"index_bytes"`
+	TotalBytes  int64     `json:"total_bytes"`
+	Consumers   []struct {
+		Consumer          string     `json:"consumer"`
+		Rows              int64      `json:"rows"`
+		ExpiredRows       int64      `json:"expired_rows"`
+		OldestProcessedAt time.Time  `json:"oldest_processed_at"`
+		NextExpiry        *time.Time `json:"next_expiry"`
+	} `json:"consumers"`
+}
+
+func TestStatsCommand(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	insert(t, db.Pool, "billing", 1, "'2026-01-01T00:00:00Z'", "'2000-01-01T00:00:00Z'")
+	insert(t, db.Pool, "billing", 1, "'2026-01-02T00:00:00Z'", "'2999-01-01T00:00:00Z'")
+	insert(t, db.Pool, "billing", 1, "'2026-01-03T00:00:00Z'", "'2999-06-01T00:00:00Z'")
+	insert(t, db.Pool, "emails", 2, "now() - interval '1 hour'", "now() - interval '1 minute'")
+
+	r := run(t, "stats", "--json", "--database-url", db.URL)
+	if r.code != 0 {
+		t.Fatalf("stats --json: %s", r)
+	}
+	var st statsJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("stats --json is not JSON: %v\n%s", err, r)
+	}
+	if st.Table != "processed_messages" || st.Rows != 5 || st.ExpiredRows != 3 || time.Since(st.Now).Abs() > time.Minute {
+		t.Errorf("totals: %+v", st)
+	}
+	if st.TableBytes <= 0 || st.IndexBytes <= 0 || st.TotalBytes < st.TableBytes+st.IndexBytes {
+		t.Errorf("sizes: table %d, indexes %d, total %d", st.TableBytes, st.IndexBytes, st.TotalBytes)
+	}
+	if len(st.Consumers) != 2 {
+		t.Fatalf("consumers: %+v", st.Consumers)
+	}
+	billing, emails := st.Consumers[0], st.Consumers[1]
+	if billing.Consumer != "billing" || billing.Rows != 3 || billing.ExpiredRows != 1 ||
+		!billing.OldestProcessedAt.Equal(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) ||
+		billing.NextExpiry == nil || !billing.NextExpiry.Equal(time.Date(2999, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("billing: %+v (next expiry %v)", billing, billing.NextExpiry)
+	}
+	if emails.Consumer != "emails" || emails.Rows != 2 || emails.ExpiredRows != 2 || emails.NextExpiry != nil {
+		t.Errorf("emails: %+v", emails)
+	}
+
+	r = run(t, "stats", "--database-url", db.URL)
+	for _, want := range []string{
+		"processed_messages: 5 rows, 3 expired; ",
+		"CONSUMER  ROWS  EXPIRED  OLDEST PROCESSED",
+		"billing   3     1        2026-01-01T00:00:00Z (",
+		"2999-01-01T00:00:00Z (in ",
+		"3 expired rows wait for cleanup",
+	} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("stats: no %q in %s", want, r)
+		}
+	}
+}
+
+func TestStatsEmptyTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	if r := run(t, "stats", "--database-url", db.URL); r.code != 0 || !strings.Contains(r.stdout, "no rows") {
+		t.Errorf("stats: %s", r)
+	}
+	r := run(t, "stats", "--json", "--database-url", db.URL)
+	if r.code != 0 || !strings.Contains(r.stdout, `"consumers": []`) {
+		t.Errorf("stats --json: %s", r)
+	}
+}

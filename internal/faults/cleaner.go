@@ -1,0 +1,166 @@
+package faults
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+// The rows CleanerLoad seeds next to a scenario's own.
+const (
+	liveSeeds    = 300  // not expired: must survive every cleanup
+	expiredSeeds = 3000 // expired an hour ago: the cleaner must delete them all
+)
+
+// CleanerLoad keeps RunCleaner busy while a scenario runs: it seeds expired and
+// live rows, keeps a short-retention consumer producing rows that expire within
+// a second, and records, with a trigger, every row deleted before its
+// expires_at. Stop checks that Cleanup deleted only expired rows and kept
+// running.
+type CleanerLoad struct {
+	db     pgdedup.DB
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	runs, failed, deleted atomic.Int64
+	lastOK                atomic.Int64 // UnixNano of the last successful run
+	firstErr              atomic.Value // error text of the first failed run
+	short, shortFailed    atomic.Int64
+}
+
+// CleanerFigures is what a CleanerLoad saw.
+type CleanerFigures struct {
+	Runs, FailedRuns, Deleted int64 // RunCleaner's Cleanup runs and rows deleted
+	ShortLived, ShortFailed   int64 // short-retention messages processed, and failed attempts
+	Premature                 int   // rows deleted before expires_at: must be 0
+}
+
+// StartCleanerLoad seeds the rows and starts the cleaner (every 50ms, in
+// batches of 250) and the short-retention producer, on db's processed_messages.
+func StartCleanerLoad(t testing.TB, db pgdedup.DB) *CleanerLoad {
+	t.Helper()
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE cleaner_premature (consumer text, message_id text, expires_at timestamptz, deleted_at timestamptz)`,
+		`CREATE FUNCTION cleaner_premature() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF OLD.expires_at >= now() THEN
+		INSERT INTO cleaner_premature VALUES (OLD.consumer, OLD.message_id, OLD.expires_at, now());
+	END IF;
+	RETURN OLD;
+END $$`,
+		`CREATE TRIGGER cleaner_premature AFTER DELETE ON processed_messages FOR EACH ROW EXECUTE FUNCTION cleaner_premature()`,
+		`INSERT INTO processed_messages (consumer, message_id, expires_at)
+SELECT 'cleaner-live', 'live-' || i, now() + interval '1 hour' FROM generate_series(1, ` + strconv.Itoa(liveSeeds) + `) i`,
+		`INSERT INTO processed_messages (consumer, message_id, expires_at)
+SELECT 'cleaner-expired', 'expired-' || i, now() - interval '1 hour' - i * interval '1 second' FROM generate_series(1, ` + strconv.Itoa(expiredSeeds) + `) i`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatalf("faults: cleaner load: %v\n%s", err, sql)
+		}
+	}
+	c := &CleanerLoad{db: db}
+	cleaner, err := pgdedup.New(db, pgdedup.Config{Consumer: "cleaner", CleanupBatchSize: 250,
+		OnEvent: func(_ context.Context, e pgdedup.Event) {
+			if e.Kind != pgdedup.EventCleanup {
+				return
+			}
+			c.runs.Add(1)
+			c.deleted.Add(e.Count)
+			if e.Err != nil {
+				c.failed.Add(1)
+				c.firstErr.CompareAndSwap(nil, e.Err.Error())
+			} else {
+				c.lastOK.Store(time.Now().UnixNano())
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := pgdedup.New(db, pgdedup.Config{Consumer: "cleaner-short", Retention: 200 * time.Millisecond, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, c.cancel = context.WithCancel(ctx)
+	t.Cleanup(func() { c.cancel(); c.wg.Wait() }) // when the test fails before Stop
+	c.wg.Add(2)
+	go func() {
+		defer c.wg.Done()
+		_ = cleaner.RunCleaner(ctx, 50*time.Millisecond)
+	}()
+	go func() {
+		defer c.wg.Done()
+		c.produceShortLived(ctx, short)
+	}()
+	return c
+}
+
+func (c *CleanerLoad) produceShortLived(ctx context.Context, short *pgdedup.Store) {
+	noop := func(context.Context, pgx.Tx) error { return nil }
+	for i := 0; ctx.Err() == nil; i++ {
+		if _, err := short.Process(ctx, "short-"+strconv.Itoa(i), noop); err != nil {
+			c.shortFailed.Add(1)
+		} else {
+			c.short.Add(1)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// LastSuccess is when a Cleanup run last succeeded (zero if none did).
+func (c *CleanerLoad) LastSuccess() time.Time {
+	if n := c.lastOK.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Stop stops the load and checks, failing t otherwise: no row was deleted
+// before it expired, every live seed is still there, every expired seed was
+// deleted by the running cleaner, which succeeded at least once.
+func (c *CleanerLoad) Stop(t testing.TB) CleanerFigures {
+	t.Helper()
+	c.cancel()
+	c.wg.Wait()
+	ctx := context.Background()
+	f := CleanerFigures{Runs: c.runs.Load(), FailedRuns: c.failed.Load(), Deleted: c.deleted.Load(),
+		ShortLived: c.short.Load(), ShortFailed: c.shortFailed.Load()}
+	var live, expired int
+	err := c.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM cleaner_premature),
+	(SELECT count(*) FROM processed_messages WHERE consumer = 'cleaner-live'),
+	(SELECT count(*) FROM processed_messages WHERE consumer = 'cleaner-expired')`).Scan(&f.Premature, &live, &expired)
+	if err != nil {
+		t.Fatalf("faults: cleaner check: %v", err)
+	}
+	t.Logf("cleanup: runs=%d failed_runs=%d rows_deleted=%d premature_deletes=%d live_seeds_kept=%d/%d expired_seeds_left=%d/%d short_lived_processed=%d",
+		f.Runs, f.FailedRuns, f.Deleted, f.Premature, live, liveSeeds, expired, expiredSeeds, f.ShortLived)
+	if e, _ := c.firstErr.Load().(string); e != "" {
+		t.Logf("cleanup: first failed run: %s", e)
+	}
+	if f.Premature != 0 {
+		t.Errorf("cleanup deleted %d rows before they expired", f.Premature)
+	}
+	if live != liveSeeds {
+		t.Errorf("cleanup deleted live rows: %d of %d left", live, liveSeeds)
+	}
+	if expired != 0 {
+		t.Errorf("cleanup left %d of %d expired rows", expired, expiredSeeds)
+	}
+	if f.Runs == f.FailedRuns {
+		t.Errorf("cleanup never succeeded in %d runs", f.Runs)
+	}
+	if f.Deleted < expiredSeeds {
+		t.Errorf("cleanup deleted %d rows, fewer than the %d expired seeds", f.Deleted, expiredSeeds)
+	}
+	return f
+}

@@ -1,0 +1,176 @@
+package faults
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// TestAmbiguousCommit runs concurrent consumers through a proxy that cuts one
+// connection in three around COMMIT: half after forwarding it and before the
+// reply (the commit landed, the client cannot know), half before forwarding it
+// (the transaction rolled back). Process and ProcessBatch retry; every message
+// must end with exactly one effect, and every commit cut after landing must come
+// back as a duplicate on retry.
+func TestAmbiguousCommit(t *testing.T) {
+	t.Run("Process", func(t *testing.T) {
+		testAmbiguousCommit(t, 800, 1, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+			ok, err := store.Process(ctx, ids[0], func(ctx context.Context, tx pgx.Tx) error {
+				return ledger.Write(ctx, tx, ids[0])
+			})
+			if ok {
+				return 1, err
+			}
+			return 0, err
+		})
+	})
+	t.Run("ProcessBatch", func(t *testing.T) {
+		testAmbiguousCommit(t, 2000, 5, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+			fresh, err := store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+				for _, id := range fresh {
+					if err := ledger.Write(ctx, tx, id); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			return len(fresh), err
+		})
+	})
+}
+
+// deliverFunc delivers a batch of messages once and returns how many were new.
+type deliverFunc func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (fresh int, err error)
+
+// testAmbiguousCommit delivers n messages, batch at a time.
+func testAmbiguousCommit(t *testing.T, n, batch int, deliver deliverFunc) {
+	const workers = 8
+	n = scaled(n)
+	ctx := testCtx(t, 60*time.Second)
+	db := pgtest.New(t)
+	ledger, err := NewLedger(ctx, db.Pool, "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleaner := StartCleanerLoad(t, db.Pool)
+
+	proxy, err := NewCommitCutter(hostPort(t, db.URL), func() Cut {
+		switch r := rand.Float64(); {
+		case r < 1.0/6:
+			return CutAfterCommit
+		case r < 2.0/6:
+			return CutBeforeCommit
+		}
+		return Forward
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	pool := proxiedPool(t, db.URL, proxy.Addr(), workers)
+	var retries atomic.Int64
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "ambiguous", MaxAttempts: 5,
+		OnEvent: func(_ context.Context, e pgdedup.Event) {
+			if e.Kind == pgdedup.EventRetry {
+				retries.Add(1)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ids := messageIDs("ambiguous", n)
+	work := make(chan []string)
+	var processed, allDuplicate, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for chunk := range work {
+				// Deliver until it succeeds, as a broker redelivers a nacked message.
+				for ctx.Err() == nil {
+					fresh, err := deliver(ctx, store, ledger, chunk)
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					processed.Add(int64(fresh))
+					if fresh == 0 {
+						allDuplicate.Add(1)
+					}
+					break
+				}
+			}
+		})
+	}
+	for i := 0; i < n; i += batch {
+		work <- ids[i:min(i+batch, n)]
+	}
+	close(work)
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	tally, err := ledger.Tally(ctx, db.Pool, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := proxy.Stats()
+	t.Logf("FIGURES ambiguous-commit %s: %s commits=%d cut_after_commit=%d cut_before_commit=%d retries=%d errors_returned=%d processed=%d deliveries_reported_duplicate=%d in %s",
+		t.Name(), tally, st.Commits, st.CutAfter, st.CutBefore, retries.Load(), failed.Load(), processed.Load(), allDuplicate.Load(), elapsed.Round(time.Millisecond))
+	assertExactlyOnce(t, tally)
+	if st.CutAfter == 0 || st.CutBefore == 0 {
+		t.Errorf("the proxy cut no COMMIT (%+v): the scenario injected no fault", st)
+	}
+	// A commit cut after it landed is found by the retry: the delivery reports
+	// its messages as duplicates. Nothing else is delivered twice here.
+	if allDuplicate.Load() != st.CutAfter {
+		t.Errorf("%d deliveries found only duplicates, want one per commit cut after landing (%d)", allDuplicate.Load(), st.CutAfter)
+	}
+	cleaner.Stop(t)
+	assertStillDuplicates(t, db.Pool, "ambiguous", ids)
+}
+
+// hostPort returns the host:port of a database URL.
+func hostPort(t *testing.T, dbURL string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Port() == "" {
+		return net.JoinHostPort(u.Hostname(), "5432")
+	}
+	return u.Host
+}
+
+// proxiedPool is a pool on dbURL that connects through addr instead.
+func proxiedPool(t *testing.T, dbURL, addr string, size int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	cfg.ConnConfig.Host = host
+	cfg.ConnConfig.Port = uint16(mustAtoi(t, port))
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.TLSConfig = nil
+	cfg.MaxConns = size
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}

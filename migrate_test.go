@@ -1,0 +1,81 @@
+package pgdedup_test
+
+import (
+	"io/fs"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	// The host service has its own goose table; pgdedup must leave it alone.
+	mustExec(t, db.Pool, `CREATE TABLE goose_db_version (id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now())`)
+	mustExec(t, db.Pool, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (0, true), (20240101, true)`)
+
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	for range 2 { // idempotent
+		if err := pgdedup.Migrate(ctx, sqlDB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sqlDB.PingContext(ctx); err != nil {
+		t.Fatalf("Migrate closed the caller's *sql.DB: %v", err)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM goose_db_version`); n != 2 {
+		t.Fatalf("host goose_db_version has %d rows, want its 2", n)
+	}
+	// The table lands in the connection's search_path, with its key and index.
+	if n := count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', 'pgdedup_db_version')`, db.Schema); n != 2 {
+		t.Fatalf("%d of processed_messages, pgdedup_db_version in schema %s, want 2", n, db.Schema)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(expires_at)%'`, db.Schema); n != 1 {
+		t.Fatalf("no index on expires_at")
+	}
+	var pk string
+	err := db.Pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass AND contype = 'p'`).Scan(&pk)
+	if err != nil || pk != "PRIMARY KEY (consumer, message_id)" {
+		t.Fatalf("primary key %q, %v", pk, err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ('c', 'm')`); err == nil {
+		t.Fatal("expires_at is not required")
+	}
+}
+
+// The files work with plain goose too, as a team running its own goose would
+// use them: default version table, files copied from Migrations.
+func TestMigrationsWithPlainGoose(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	names, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	if err != nil || len(names) == 0 || !strings.HasPrefix(names[0], "00001_") {
+		t.Fatalf("Migrations holds %v, %v", names, err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatal(n)
+	}
+	if _, err := p.DownTo(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_messages'`, db.Schema); n != 0 {
+		t.Fatal("down migration left processed_messages")
+	}
+}

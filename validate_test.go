@@ -1,0 +1,183 @@
+package pgdedup_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+var badIDs = map[string]string{
+	"empty":        "",
+	"NUL":          "a\x00b",
+	"invalid UTF8": "a\xffb",
+	"1025 bytes":   strings.Repeat("x", pgdedup.MaxMessageIDLen+1),
+	"1 MB":         strings.Repeat("x", 1<<20),
+}
+
+// countingTracer counts the queries and batches a pool sends.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// Invalid IDs are rejected with ErrInvalidMessageID before anything is sent.
+func TestInvalidIDsRejectedBeforeRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	tracer := &countingTracer{}
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	txStore, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := func(context.Context, pgx.Tx) error { t.Error("fn called for an invalid ID"); return nil }
+	for name, id := range badIDs {
+		if _, err := store.Process(ctx, id, fn); !errors.Is(err, pgdedup.ErrInvalidMessageID) {
+			t.Errorf("Process(%s): %v, want ErrInvalidMessageID", name, err)
+		}
+		if _, err := txStore.Claim(ctx, tx, id); !errors.Is(err, pgdedup.ErrInvalidMessageID) {
+			t.Errorf("Claim(%s): %v, want ErrInvalidMessageID", name, err)
+		}
+		batch := []string{"ok-1", "ok-2", id, "ok-3"}
+		_, err := txStore.ClaimBatch(ctx, tx, batch)
+		if !errors.Is(err, pgdedup.ErrInvalidMessageID) || !strings.Contains(err.Error(), "message 2 of 4") {
+			t.Errorf("ClaimBatch with %s at index 2: %v, want ErrInvalidMessageID naming index 2", name, err)
+		}
+		_, err = store.ProcessBatch(ctx, batch, func(context.Context, pgx.Tx, []string) error {
+			t.Error("fn called for a batch with an invalid ID")
+			return nil
+		})
+		if !errors.Is(err, pgdedup.ErrInvalidMessageID) {
+			t.Errorf("ProcessBatch with %s: %v", name, err)
+		}
+		if len(err.Error()) > 200 {
+			t.Errorf("error for %s is %d bytes long; it should not echo the ID", name, len(err.Error()))
+		}
+	}
+	if n := tracer.n.Load(); n != 0 {
+		t.Fatalf("%d queries sent for invalid input, want 0", n)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("rejected claims broke the caller's transaction: %v", err)
+	}
+	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("%d IDs recorded from rejected batches, want 0", n)
+	}
+}
+
+func TestLongestValidIDRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	id := strings.Repeat("é", pgdedup.MaxMessageIDLen/2) // 1024 bytes of 2-byte runes
+	if ok, err := b.store.Process(ctx, id, charge("o")); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if !recorded(t, b.pool, "billing", id) {
+		t.Fatal("ID not stored byte for byte")
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	for name, cfg := range map[string]pgdedup.Config{
+		"no consumer":            {},
+		"consumer NUL":           {Consumer: "a\x00"},
+		"consumer not UTF-8":     {Consumer: "a\xff"},
+		"table injection":        {Consumer: "c", Table: `processed_messages; DROP TABLE charges; --`},
+		"table quote":            {Consumer: "c", Table: `x"y`},
+		"table three parts":      {Consumer: "c", Table: "a.b.c"},
+		"table empty part":       {Consumer: "c", Table: "public."},
+		"table leading digit":    {Consumer: "c", Table: "1table"},
+		"table too long":         {Consumer: "c", Table: strings.Repeat("t", 64)},
+		"negative retention":     {Consumer: "c", Retention: -time.Hour},
+		"negative lock timeout":  {Consumer: "c", LockTimeout: -time.Second},
+		"negative attempts":      {Consumer: "c", MaxAttempts: -1},
+		"negative cleanup batch": {Consumer: "c", CleanupBatchSize: -5},
+	} {
+		if _, err := pgdedup.New(b.pool, cfg); err == nil {
+			t.Errorf("%s: New accepted %+v", name, cfg)
+		}
+	}
+	if _, err := pgdedup.New(nil, pgdedup.Config{Consumer: "c"}); err == nil {
+		t.Error("New accepted a nil DB")
+	}
+	if n := count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
+		t.Fatal("charges touched")
+	}
+}
+
+func TestSchemaQualifiedTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: b.db.Schema + ".processed_messages"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := store.Process(ctx, "m", charge("m")); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if !recorded(t, b.pool, "billing", "m") {
+		t.Fatal("not recorded in the qualified table")
+	}
+}
+
+func FuzzValidateMessageID(f *testing.F) {
+	for _, id := range badIDs {
+		if len(id) < 2000 {
+			f.Add(id)
+		}
+	}
+	f.Add("order-42")
+	f.Add("é")
+	f.Add(strings.Repeat("x", pgdedup.MaxMessageIDLen))
+	f.Fuzz(func(t *testing.T, id string) {
+		err := pgdedup.ValidateMessageID(id)
+		want := id != "" && len(id) <= pgdedup.MaxMessageIDLen && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
+		if (err == nil) != want {
+			t.Fatalf("ValidateMessageID(%q) = %v, want valid=%v", id, err, want)
+		}
+		if err != nil && !errors.Is(err, pgdedup.ErrInvalidMessageID) {
+			t.Fatalf("error %v does not wrap ErrInvalidMessageID", err)
+		}
+	})
+}
