@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -130,7 +131,14 @@ func (m *Middleware) process(r *http.Request, next http.Handler, id string, fp, 
 			return errHandlerFailed
 		}
 		stored := resp.forStorage(m.cfg.ReplayHeaders, m.cfg.MaxStoredBody)
-		_, err := tx.Exec(ctx, m.respond, m.store.Consumer(), id, fp, stored.status, stored.header, stored.body)
+		// The headers go as JSON text, not as an http.Header: pgx's exec and
+		// simple_protocol modes (the ones for PgBouncer) infer parameter types
+		// from Go types and cannot encode a map as jsonb.
+		headers, err := json.Marshal(stored.header)
+		if err != nil {
+			return fmt.Errorf("idempotency: store response: %w", err)
+		}
+		_, err = tx.Exec(ctx, m.respond, m.store.Consumer(), id, fp, stored.status, string(headers), stored.body)
 		if err != nil {
 			return fmt.Errorf("idempotency: store response: %w", err)
 		}
