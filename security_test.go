@@ -122,3 +122,47 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		t.Fatalf("runtime role rewrote %d message IDs", n)
 	}
 }
+
+// A consumer role without DELETE (cleanup left to another role) still
+// processes messages, and cannot erase what it recorded: a compromised consumer
+// cannot make a processed message new again.
+func TestConsumerRoleWithoutDeleteCannotForget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	role, url := b.db.NewRole(t)
+	mustExec(t, b.pool, `GRANT SELECT, INSERT ON processed_messages, charges TO `+role)
+	mustExec(t, b.pool, `GRANT USAGE ON SEQUENCE charges_id_seq TO `+role)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Retention: time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := store.ProcessBatch(ctx, []string{"m1", "m2"}, func(ctx context.Context, tx pgx.Tx, _ []string) error {
+		return charge("o1")(ctx, tx)
+	})
+	if err != nil || len(fresh) != 2 {
+		t.Fatalf("ProcessBatch: fresh=%q err=%v, want [m1 m2], nil", fresh, err)
+	}
+	time.Sleep(time.Millisecond)
+	for _, sql := range []string{`DELETE FROM processed_messages`, `TRUNCATE processed_messages`} {
+		_, err := pool.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s: err=%v, want insufficient_privilege (42501)", sql, err)
+		}
+	}
+	if _, err := store.Cleanup(ctx); err == nil {
+		t.Error("Cleanup without DELETE succeeded")
+	}
+	if !recorded(t, b.pool, "billing", "m1") || !recorded(t, b.pool, "billing", "m2") {
+		t.Fatal("the consumer role erased recorded IDs")
+	}
+	if processed, err := store.Process(ctx, "m1", charge("o1")); err != nil || processed {
+		t.Fatalf("m1 again: processed=%v err=%v, want a duplicate", processed, err)
+	}
+}
