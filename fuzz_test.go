@@ -110,3 +110,18 @@ func checkClaimBatch(t *testing.T, store *pgdedup.Store, tx pgx.Tx, ids, claimed
 	}
 	return claimed
 }
+
+// batchIDs returns n distinct IDs starting at from.
+func batchIDs(from, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("msg-%07d", from+i)
+	}
+	return ids
+}
+
+// uniqueInOrder removes repeats from ids, keeping first appearances.
+func uniqueInOrder(ids []string) []string {
+	seen := map[string]bool{}
+	return slices.DeleteFunc(ids, func(id string) bool { dup := seen[id]; seen[id] = true; return dup })
+}

@@ -3,7 +3,6 @@ package pgdedup_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -126,15 +125,6 @@ func TestOddValidIDsRoundTripExactly(t *testing.T) {
 	}
 }
 
-// batchIDs returns n distinct IDs starting at from.
-func batchIDs(from, n int) []string {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("msg-%07d", from+i)
-	}
-	return ids
-}
-
 // One bad ID among 100,000 rejects the whole batch, naming its index, and
 // records nothing: never a half-written batch.
 func TestBatchWithOneBadIDRecordsNothing(t *testing.T) {
@@ -186,14 +176,8 @@ func TestHundredThousandIDBatches(t *testing.T) {
 
 	second := append(batchIDs(50_000, 100_000), batchIDs(140_000, 10_000)...) // half old, 10,000 repeated
 	rand.Shuffle(len(second), func(i, j int) { second[i], second[j] = second[j], second[i] })
-	var want []string
-	seen := map[string]bool{}
-	for _, id := range second {
-		if id >= "msg-0100000" && !seen[id] {
-			want = append(want, id)
-		}
-		seen[id] = true
-	}
+	want := slices.DeleteFunc(slices.Clone(second), func(id string) bool { return id < "msg-0100000" })
+	want = uniqueInOrder(want)
 	start = time.Now()
 	fresh, err = b.store.ProcessBatch(ctx, second, chargeAll)
 	if err != nil || !slices.Equal(fresh, want) {
