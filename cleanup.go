@@ -21,14 +21,15 @@ import (
 // the batches it committed. ctx is checked between batches and also cancels
 // the batch in flight: Cleanup then returns ctx.Err() and the rows deleted by
 // the batches it saw commit (the batch it interrupted may have committed too).
-// Rows it skipped because another cleaner held them, and rows committed late
-// by a long transaction with an expires_at behind the run's progress, are left
-// to the next run.
+// Rows committed late by a long transaction with an expires_at behind the
+// run's progress are left to the next run.
 //
-// Cleanup is safe to run from many processes at once: a batch locks its rows
-// with FOR UPDATE SKIP LOCKED, so cleaners skip each other's rows instead of
-// waiting, and never wait on a claim. It holds no session state and works
-// behind PgBouncer in transaction pooling mode.
+// Cleanup is safe to run from many processes at once: cleaners of a table take
+// turns through a transaction-scoped advisory lock tried once per batch, so
+// they never wait for each other or deadlock, and a Cleanup that finds another
+// cleaner at work returns and leaves the rest to it. It never waits on a claim.
+// It holds no session state, so it works behind PgBouncer in transaction
+// pooling mode, and needs only SELECT and DELETE on the table.
 //
 // Each run is logged (info: rows deleted and duration; each batch at debug
 // level) and reported to Config.OnEvent as an EventCleanup.
@@ -60,27 +61,40 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 }
 
 // cleanupSQL deletes one batch, as one statement and so one transaction: the
-// oldest expired rows that no other transaction has locked, from expires_at $2
-// on. It returns how many it deleted and the latest expires_at among them, where
-// the next batch starts, so that no batch walks again over the index entries of
-// the rows deleted before it: until vacuum removes them (and it cannot while any
-// older transaction is open) every scan from the start of the index would visit
-// them all, and a long Cleanup would slow down batch after batch.
+// oldest expired rows from expires_at $2 on. It returns how many it deleted and
+// the latest expires_at among them, where the next batch starts, so that no
+// batch walks again over the index entries of the rows deleted before it: until
+// vacuum removes them (and it cannot while any older transaction is open) every
+// scan from the start of the index would visit them all, and a long Cleanup
+// would slow down batch after batch.
+//
+// Concurrent cleaners take turns through a transaction-scoped advisory lock
+// (keyed by the table's OID), tried once per batch: a batch that does not
+// get it deletes nothing, and its Cleanup leaves the rest to the cleaner at work.
+// So cleaners never wait for each other, the lock ends with each batch's
+// transaction (PgBouncer-safe), and, unlike FOR UPDATE SKIP LOCKED, no UPDATE
+// privilege is needed: SELECT and DELETE are enough. Claims never wait on a
+// cleaner except for an expired ID redelivered while its row is being deleted,
+// and a cleaner never waits on a claim (ON CONFLICT DO NOTHING locks nothing).
 //
 // The rows are found through the expires_at index and deleted by ctid (a TID
-// scan, no second index lookup); the lock taken by FOR UPDATE keeps each ctid
-// pointing at the row that was selected until the DELETE, which checks
-// expires_at again.
+// scan, no second index lookup); the DELETE checks expires_at again.
 func (s *Store) cleanupSQL() string {
 	t := s.sql.table
 	return `WITH deleted AS (
 DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
 SELECT ctid FROM ` + t + ` WHERE expires_at < now() AND expires_at >= $2
-ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+ORDER BY expires_at LIMIT $1))
 AND expires_at < now()
+AND (SELECT pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + t + `'::regclass::oid::int4))
 RETURNING expires_at)
 SELECT count(*), coalesce(max(expires_at), $2) FROM deleted`
 }
+
+// cleanupLockClass is the first half of the cleaners' advisory lock key ("pgdd"
+// in ASCII); the second is the table's OID, so cleaners of different tables, or
+// of same-named tables in different schemas, never take turns.
+const cleanupLockClass = "1885824100"
 
 // cleanupDone logs and reports one Cleanup run. A run stopped by its context
 // (a service shutting down) is not a failure worth a warning.

@@ -54,7 +54,7 @@ func restartingCleanup(ctx context.Context, db *pgtest.DB, log *slog.Logger) (in
 	for {
 		start := time.Now()
 		tag, err := db.Pool.Exec(ctx, `DELETE FROM processed_messages WHERE ctid = ANY (ARRAY(
-SELECT ctid FROM processed_messages WHERE expires_at < now() ORDER BY expires_at LIMIT 10000 FOR UPDATE SKIP LOCKED))
+SELECT ctid FROM processed_messages WHERE expires_at < now() ORDER BY expires_at LIMIT 10000))
 AND expires_at < now()`)
 		if err != nil {
 			return deleted, err

@@ -16,12 +16,9 @@ import (
 )
 
 // runtimeGrants are the README's GRANTs for a service's runtime role, which
-// never runs migrations. UPDATE on one column is there only because Cleanup
-// locks the rows it deletes with FOR UPDATE SKIP LOCKED, which Postgres allows
-// only to roles that may update the table; the column is not otherwise touched.
+// never runs migrations: SELECT, INSERT and DELETE, nothing more.
 var runtimeGrants = []string{
 	`GRANT SELECT, INSERT, DELETE ON processed_messages TO %s`,
-	`GRANT UPDATE (expires_at) ON processed_messages TO %s`,
 }
 
 // A role holding only the README's GRANTs (and the business table's own) runs
