@@ -16,11 +16,6 @@ type cost struct {
 	walBytes      float64 // WAL bytes per message (fewest over the repetitions)
 }
 
-const (
-	accountMessages = 200 // messages per repetition
-	accountReps     = 3   // repetitions; WAL keeps the smallest
-)
-
 // account counts round trips and WAL bytes per message for each message
 // scenario, one worker at a time, through counting proxies without delay.
 // The WAL position is the server's, shared with every other session, so
@@ -63,13 +58,13 @@ func (b *bench) account(ctx context.Context, prog *progress) (map[string]cost, e
 			}
 		}
 		c := cost{walBytes: -1}
-		for range accountReps {
+		for range b.cfg.accountReps {
 			pg0, rd0 := pp.RoundTrips(), rp.RoundTrips()
 			wal0, err := b.walPosition(ctx)
 			if err != nil {
 				return nil, err
 			}
-			for range accountMessages {
+			for range b.cfg.accountMessages {
 				if err := s.handle(ctx, e, s.nextID(b)); err != nil {
 					return nil, fmt.Errorf("%s: %w", s.key, err)
 				}
@@ -78,9 +73,9 @@ func (b *bench) account(ctx context.Context, prog *progress) (map[string]cost, e
 			if err != nil {
 				return nil, err
 			}
-			c.pgRT = float64(pp.RoundTrips()-pg0) / accountMessages
-			c.redisRT = float64(rp.RoundTrips()-rd0) / accountMessages
-			if w := float64(wal1-wal0) / accountMessages; c.walBytes < 0 || w < c.walBytes {
+			c.pgRT = float64(pp.RoundTrips()-pg0) / float64(b.cfg.accountMessages)
+			c.redisRT = float64(rp.RoundTrips()-rd0) / float64(b.cfg.accountMessages)
+			if w := float64(wal1-wal0) / float64(b.cfg.accountMessages); c.walBytes < 0 || w < c.walBytes {
 				c.walBytes = w
 			}
 		}

@@ -38,6 +38,9 @@ type config struct {
 	cleanupBaseline time.Duration
 	only            []string
 	out             string
+
+	accountMessages int // messages per repetition when counting round trips and WAL
+	accountReps     int // repetitions; the WAL figure is the smallest
 }
 
 // parts are the parts of a run, for -only, in the order they run.
@@ -46,7 +49,7 @@ var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	var c config
+	c := config{accountMessages: 200, accountReps: 5}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@localhost:5432/postgres?sslmode=disable"),
