@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,7 @@ type config struct {
 	cleanupBaseline time.Duration
 	only            []string
 	out             string
+	cpuProfile      string
 
 	accountMessages int // messages per repetition when counting round trips and WAL
 	accountReps     int // repetitions; the WAL figure is the smallest
@@ -63,6 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.cleanupBaseline, "cleanup-baseline", 3*time.Second, "how long Process runs alone before Cleanup, for its p99 without cleanup")
 	only := fs.String("only", strings.Join(parts, ","), "comma-separated parts to run: "+strings.Join(parts, ", "))
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -106,8 +109,20 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
