@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -107,15 +106,6 @@ func (p *proxy) pump(dst, src net.Conn, seen func()) {
 		src.Close()
 		dst.Close()
 	}()
-	if p.delay > 0 {
-		// A timer of the Go runtime rounds sub-millisecond sleeps up to 1 ms
-		// when the process is idle (epoll_wait takes milliseconds); a thread
-		// blocked in nanosleep with a 1 µs timer slack wakes on time.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		const prSetTimerSlack = 29
-		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetTimerSlack, 1000, 0)
-	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := src.Read(buf)
@@ -135,7 +125,13 @@ func (p *proxy) pump(dst, src net.Conn, seen func()) {
 	}
 }
 
+// sleepUntil blocks the goroutine's thread in nanosleep until due. A timer of
+// the Go runtime would round a sub-millisecond sleep up to 1 ms when the
+// process is idle (epoll_wait counts milliseconds); nanosleep with a 1 µs timer
+// slack on the thread wakes on time.
 func sleepUntil(due time.Time) {
+	const prSetTimerSlack = 29
+	_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetTimerSlack, 1000, 0)
 	for {
 		d := time.Until(due)
 		if d <= 0 {

@@ -43,32 +43,42 @@ func (r *report) markdown() string {
 		}
 	}
 	for _, t := range r.tables {
-		p("\n### Messages, %s (median round trip: Postgres %s, Redis %s)\n\n", t.network, ms(t.pgRTT), ms(t.redisRTT))
-		p("| scenario | workers | msgs/s | × bare | p50 ms | p99 ms |\n|---|--:|--:|--:|--:|--:|\n")
+		p("\n### Messages, %s (median round trip: Postgres %s ms, Redis %s ms)\n\n", t.network, ms(t.pgRTT), ms(t.redisRTT))
+		p("| scenario |")
 		for _, w := range r.cfg.workers {
-			res := t.results[w]
-			for _, s := range messageScenarios {
+			p(" %s msgs/s | × bare | p50 ms | p99 ms |", workersLabel(w))
+		}
+		p("\n|---|%s\n", strings.Repeat("--:|", 4*len(r.cfg.workers)))
+		for _, s := range messageScenarios {
+			p("| %s |", s.title)
+			for _, w := range r.cfg.workers {
+				res := t.results[w]
 				sr := res[s.key]
-				p("| %s | %d | %s | %.2f× | %s | %s |\n", s.title, w, count(sr.perSec()), sr.ratio(res[bareTx.key]),
-					ms(sr.pct(0.5)), ms(sr.pct(0.99)))
+				p(" %s | %.2f× | %s | %s |", count(sr.perSec()), sr.ratio(res[bareTx.key]), ms(sr.pct(0.5)), ms(sr.pct(0.99)))
 			}
+			p("\n")
 		}
 	}
 	if r.batches != nil {
-		p("\n### ClaimBatch (BEGIN, ClaimBatch, COMMIT per batch)\n\n")
-		p("| batch | duplicates | workers | IDs/s | batch p50 ms | batch p99 ms |\n|--:|--:|--:|--:|--:|--:|\n")
+		p("\n### ClaimBatch (one transaction per batch: BEGIN, ClaimBatch, COMMIT)\n\n")
+		p("| batch | duplicates |")
 		for _, w := range r.cfg.workers {
-			for _, c := range batchCases {
+			p(" %s IDs/s | batch p50 ms | batch p99 ms |", workersLabel(w))
+		}
+		p("\n|--:|--:|%s\n", strings.Repeat("--:|", 3*len(r.cfg.workers)))
+		for _, c := range batchCases {
+			p("| %s | %d%% |", count(float64(c.size)), c.dupPct)
+			for _, w := range r.cfg.workers {
 				sr := r.batches[w][c]
-				p("| %d | %d%% | %d | %s | %s | %s |\n", c.size, c.dupPct, w, count(sr.perSec()*float64(c.size)),
-					ms(sr.pct(0.5)), ms(sr.pct(0.99)))
+				p(" %s | %s | %s |", count(sr.perSec()*float64(c.size)), ms(sr.pct(0.5)), ms(sr.pct(0.99)))
 			}
+			p("\n")
 		}
 	}
 	if c := r.cleanup; c != nil {
 		p("\n### Cleanup (%s expired rows inserted in %s, then ANALYZE; default batch of 10,000)\n\n", count(float64(c.rows)), c.populate.Round(time.Second))
-		p("| rows deleted | Cleanup time | rows/s | Process p50 / p99 alone | p50 / p99 during Cleanup | p99 during ÷ alone |\n|--:|--:|--:|--:|--:|--:|\n")
-		p("| %s | %s | %s | %s / %s ms | %s / %s ms | %.2f× |\n", count(float64(c.rows)), c.took.Round(time.Millisecond),
+		p("| rows deleted | Cleanup time | rows/s | Process p50 / p99 ms, alone | p50 / p99 ms, during Cleanup | p99 during ÷ alone |\n|--:|--:|--:|--:|--:|--:|\n")
+		p("| %s | %s | %s | %s / %s | %s / %s | %.2f× |\n", count(float64(c.rows)), c.took.Round(time.Millisecond),
 			count(c.rowsPerSec()), ms(c.without.pct(0.5)), ms(c.without.pct(0.99)), ms(c.during.pct(0.5)), ms(c.during.pct(0.99)),
 			float64(c.during.pct(0.99))/float64(c.without.pct(0.99)))
 	}
@@ -79,6 +89,13 @@ func (r *report) markdown() string {
 		}
 	}
 	return b.String()
+}
+
+func workersLabel(w int) string {
+	if w == 1 {
+		return "1 worker:"
+	}
+	return strconv.Itoa(w) + " workers:"
 }
 
 func ms(d time.Duration) string {
