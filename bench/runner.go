@@ -90,7 +90,10 @@ func (s series) pct(q float64) time.Duration {
 
 // ratio is the median over rounds of s's throughput divided by base's in the
 // same round: machine drift between rounds cancels.
-func (s series) ratio(base series) float64 {
+func (s series) ratio(base series) float64 { return median(s.ratios(base)) }
+
+// ratios are s's throughput divided by base's, round by round.
+func (s series) ratios(base series) []float64 {
 	n := min(len(s), len(base))
 	rs := make([]float64, 0, n)
 	for i := range n {
@@ -98,7 +101,7 @@ func (s series) ratio(base series) float64 {
 			rs = append(rs, s[i].perSec()/b)
 		}
 	}
-	return median(rs)
+	return rs
 }
 
 func medianOf(s series, f func(sample) float64) float64 {

@@ -1,6 +1,10 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // target is one goal of the benchmark issue, checked against this run.
 type target struct {
@@ -17,11 +21,15 @@ func (r *report) targets() []target {
 		if !ok {
 			return
 		}
-		x := res[a.key].ratio(res[b.key])
+		rs := res[a.key].ratios(res[b.key])
+		if len(rs) == 0 {
+			return
+		}
+		x := median(rs)
 		ts = append(ts, target{
-			name:     fmt.Sprintf("%s, %s, %d worker(s)", name, t.network, workers),
+			name:     fmt.Sprintf("%s, %s, %s", name, t.network, strings.TrimSuffix(workersLabel(workers), ":")),
 			goal:     fmt.Sprintf("≥ %.2f×", goal),
-			measured: fmt.Sprintf("%.2f×", x),
+			measured: fmt.Sprintf("%.3f× (rounds: %.2f–%.2f)", x, slices.Min(rs), slices.Max(rs)),
 			met:      x >= goal,
 		})
 	}
