@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 // cleanupResult is scenario 7: Cleanup of many expired rows, and what it does
@@ -12,6 +14,7 @@ type cleanupResult struct {
 	rows     int64         // expired rows deleted
 	took     time.Duration // Cleanup's wall time
 	populate time.Duration // time to insert the expired rows (not part of the result)
+	batch    int           // Config.CleanupBatchSize used; 0 for the default
 	without  sample        // Process, one worker, before Cleanup
 	during   sample        // Process, one worker, while Cleanup runs
 }
@@ -19,8 +22,9 @@ type cleanupResult struct {
 func (r cleanupResult) rowsPerSec() float64 { return float64(r.rows) / r.took.Seconds() }
 
 // runCleanup inserts cfg.cleanupRows expired rows, measures Process at one
-// worker for cfg.cleanupBaseline, then runs Cleanup (default batch size) with
-// Process running alongside until Cleanup returns.
+// worker for cfg.cleanupBaseline, then runs Cleanup (batches of
+// cfg.cleanupBatch, by default the library's) with Process running alongside
+// until Cleanup returns.
 //
 // The server runs with autovacuum off, so the table is ANALYZEd after the
 // bulk insert, as autovacuum would have done, lest the planner guess at an
@@ -32,6 +36,11 @@ func (b *bench) runCleanup(ctx context.Context, prog *progress) (cleanupResult, 
 		return r, err
 	}
 	defer e.close()
+	cleaner, err := pgdedup.New(e.pool, pgdedup.Config{Consumer: consumer, Retention: retention, CleanupBatchSize: b.cfg.cleanupBatch})
+	if err != nil {
+		return r, err
+	}
+	r.batch = b.cfg.cleanupBatch
 
 	prog.step("cleanup: inserting %d expired rows", b.cfg.cleanupRows)
 	t0 := time.Now()
@@ -63,7 +72,7 @@ FROM generate_series(1, $1::int) g`, b.cfg.cleanupRows)
 	go func() {
 		defer close(done)
 		t0 := time.Now()
-		n, err := e.store.Cleanup(ctx)
+		n, err := cleaner.Cleanup(ctx)
 		cleaned <- outcome{n, time.Since(t0), err}
 	}()
 	r.during, err = measure(ctx, 1, time.Hour, done, process)

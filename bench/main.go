@@ -37,6 +37,7 @@ type config struct {
 	delay           time.Duration
 	cleanupRows     int
 	cleanupBaseline time.Duration
+	cleanupBatch    int
 	only            []string
 	out             string
 	cpuProfile      string
@@ -62,6 +63,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.round, "round", time.Second, "how long each scenario runs in each round")
 	fs.DurationVar(&c.delay, "delay", 250*time.Microsecond, "one-way delay the proxy adds for the delayed table; 0 skips it")
 	fs.IntVar(&c.cleanupRows, "cleanup-rows", 1_000_000, "expired rows Cleanup deletes")
+	fs.IntVar(&c.cleanupBatch, "cleanup-batch", 0, "Config.CleanupBatchSize for Cleanup (0: the library default)")
 	fs.DurationVar(&c.cleanupBaseline, "cleanup-baseline", 3*time.Second, "how long Process runs alone before Cleanup, for its p99 without cleanup")
 	only := fs.String("only", strings.Join(parts, ","), "comma-separated parts to run: "+strings.Join(parts, ", "))
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
@@ -92,8 +94,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-round must be at least 10ms")
 	case c.delay < 0:
 		return c, errors.New("-delay must not be negative")
-	case c.cleanupRows < 1 || c.cleanupBaseline <= 0:
-		return c, errors.New("-cleanup-rows and -cleanup-baseline must be positive")
+	case c.cleanupRows < 1 || c.cleanupBaseline <= 0 || c.cleanupBatch < 0:
+		return c, errors.New("-cleanup-rows and -cleanup-baseline must be positive, -cleanup-batch not negative")
 	}
 	return c, nil
 }

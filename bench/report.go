@@ -76,7 +76,12 @@ func (r *report) markdown() string {
 		}
 	}
 	if c := r.cleanup; c != nil {
-		p("\n### Cleanup (%s expired rows inserted in %s, then ANALYZE; default batch of 10,000)\n\n", count(float64(c.rows)), c.populate.Round(time.Second))
+		batch := "the default Config.CleanupBatchSize"
+		if c.batch > 0 {
+			batch = "CleanupBatchSize " + count(float64(c.batch))
+		}
+		p("\n### Cleanup (%s expired rows inserted in %s, then ANALYZE; %s)\n\n",
+			count(float64(c.rows)), c.populate.Round(time.Second), batch)
 		p("| rows deleted | Cleanup time | rows/s | Process p50 / p99 ms, alone | p50 / p99 ms, during Cleanup | p99 during ÷ alone |\n|--:|--:|--:|--:|--:|--:|\n")
 		p("| %s | %s | %s | %s / %s | %s / %s | %.2f× |\n", count(float64(c.rows)), c.took.Round(time.Millisecond),
 			count(c.rowsPerSec()), ms(c.without.pct(0.5)), ms(c.without.pct(0.99)), ms(c.during.pct(0.5)), ms(c.during.pct(0.99)),
