@@ -49,9 +49,10 @@ type env struct {
 	rdb       *redis.Client
 	claimSQL  string // the claim exactly as Process sends it
 	keyPrefix string
-	bench     *bench
 }
 
+// newBench creates the run's schema, migrates it, creates the business table
+// (ledger) and records the IDs of the duplicate path.
 func newBench(ctx context.Context, cfg config) (*bench, error) {
 	b := &bench{cfg: cfg, nonce: randomHex(4)}
 	b.schema = "pgdedup_bench_" + b.nonce
@@ -65,7 +66,9 @@ func newBench(ctx context.Context, cfg config) (*bench, error) {
 	}
 	b.admin, err = b.pool(ctx, "", 4, nil)
 	if err == nil {
-		err = pgdedup.Migrate(ctx, stdlib.OpenDBFromPool(b.admin))
+		sqlDB := stdlib.OpenDBFromPool(b.admin)
+		err = pgdedup.Migrate(ctx, sqlDB)
+		sqlDB.Close()
 	}
 	if err == nil {
 		_, err = b.admin.Exec(ctx, `CREATE TABLE ledger (
@@ -183,7 +186,7 @@ func (b *bench) env(ctx context.Context, pgAddr, redisAddr string, conns int, tr
 		rdb.Close()
 		return nil, fmt.Errorf("connect to Redis at %s: %w", b.cfg.redisAddr, err)
 	}
-	e := &env{pool: pool, store: store, rdb: rdb, keyPrefix: b.keyPrefix(), bench: b}
+	e := &env{pool: pool, store: store, rdb: rdb, keyPrefix: b.keyPrefix()}
 	e.claimSQL = `INSERT INTO ` + store.Table() + ` (consumer, message_id, expires_at) VALUES ($1, $2, ` +
 		fmt.Sprintf("now() + interval '%d microseconds'", retention.Microseconds()) + `)
 ON CONFLICT DO NOTHING`
