@@ -43,14 +43,14 @@ func (b *bench) runBatches(ctx context.Context, prog *progress) (map[int]map[bat
 				if r == 0 {
 					d = b.cfg.round / 4
 				}
-				prog.step("ClaimBatch, %d workers, round %d/%d: %s", workers, r, b.cfg.rounds, c)
+				prog.step("ClaimBatch, workers=%d, round %d/%d: %s", workers, r, b.cfg.rounds, c)
 				got, err := measure(ctx, workers, d, nil, func(ctx context.Context, w int) error {
 					var err error
 					prev[c][w], err = claimBatch(ctx, e, c, prev[c][w])
 					return err
 				})
 				if err != nil {
-					return nil, fmt.Errorf("ClaimBatch, %d workers, %s: %w", workers, c, err)
+					return nil, fmt.Errorf("ClaimBatch, workers=%d, %s: %w", workers, c, err)
 				}
 				if r > 0 {
 					res[c] = append(res[c], got)

@@ -61,12 +61,12 @@ func (b *bench) runMessages(ctx context.Context, network string, delay time.Dura
 				if r == 0 {
 					d = b.cfg.round / 4 // warm-up: connections, statement caches
 				}
-				prog.step("%s, %d workers, round %d/%d: %s", network, workers, r, b.cfg.rounds, s.key)
+				prog.step("%s, workers=%d, round %d/%d: %s", network, workers, r, b.cfg.rounds, s.key)
 				got, err := measure(ctx, workers, d, nil, func(ctx context.Context, _ int) error {
 					return s.handle(ctx, e, s.nextID(b))
 				})
 				if err != nil {
-					return nil, fmt.Errorf("%s, %d workers: %s: %w", network, workers, s.key, err)
+					return nil, fmt.Errorf("%s, workers=%d: %s: %w", network, workers, s.key, err)
 				}
 				if r > 0 {
 					res[s.key] = append(res[s.key], got)
