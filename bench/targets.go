@@ -60,7 +60,7 @@ func (r *report) targets() []target {
 				best, bestW = x, w
 			}
 		}
-		ts = append(ts, target{fmt.Sprintf("ClaimBatch of 1,000, 0%% dups, IDs/s (best of workers=%d)", bestW),
+		ts = append(ts, target{fmt.Sprintf("ClaimBatch of 1,000, 0%% dups, IDs/s (best worker count: %d)", bestW),
 			"≥ 200,000", count(best), best >= 200_000})
 	}
 	if c := r.cleanup; c != nil {
