@@ -13,81 +13,84 @@ import (
 // cost is what one message costs, counted rather than timed.
 type cost struct {
 	pgRT, redisRT float64 // round trips per message
-	walBytes      float64 // WAL bytes per message (fewest over the repetitions)
+	walBytes      float64 // WAL bytes per message
+	fpiBytes      float64 // of which full-page images (when known)
 }
 
 // account counts round trips and WAL bytes per message for each message
-// scenario, one worker at a time, through counting proxies without delay.
-// The WAL position is the server's, shared with every other session, so
-// other activity can only add to it: the smallest of the repetitions is
-// the nearest to the scenario's own.
+// scenario, one worker at a time, through counting proxies without delay
+// (see walMeter for how the WAL is measured).
 //
 // It first checks that the hand-written pipeline sends exactly the SQL that
 // Process sends, so that it is a fair limit.
-func (b *bench) account(ctx context.Context, prog *progress) (map[string]cost, error) {
+func (b *bench) account(ctx context.Context, prog *progress) (map[string]cost, string, error) {
 	pgNet, addr, err := postgresTarget(b.cfg.databaseURL)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	pp, err := startProxy(pgNet, addr, 0)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer pp.Close()
 	rp, err := startProxy("tcp", b.cfg.redisAddr, 0)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer rp.Close()
 	rec := &sqlRecorder{}
 	e, err := b.env(ctx, pp.Addr(), rp.Addr(), 1, rec)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer e.close()
 	if err := checkSameSQL(ctx, e, rec); err != nil {
-		return nil, err
+		return nil, "", err
 	}
+	wal := newWALMeter(ctx, b)
 
 	out := map[string]cost{}
 	for _, s := range messageScenarios {
 		prog.step("round trips and WAL: %s", s.key)
-		for range 20 { // warm-up: prepared statements, Redis connection
-			if err := s.handle(ctx, e, s.nextID(b)); err != nil {
-				return nil, fmt.Errorf("%s: %w", s.key, err)
-			}
-		}
-		c := cost{walBytes: -1}
-		for range b.cfg.accountReps {
-			pg0, rd0 := pp.RoundTrips(), rp.RoundTrips()
-			wal0, err := b.walPosition(ctx)
-			if err != nil {
-				return nil, err
-			}
-			for range b.cfg.accountMessages {
+		run := func(n int) error {
+			for range n {
 				if err := s.handle(ctx, e, s.nextID(b)); err != nil {
-					return nil, fmt.Errorf("%s: %w", s.key, err)
+					return fmt.Errorf("%s: %w", s.key, err)
 				}
 			}
-			wal1, err := b.walPosition(ctx)
-			if err != nil {
-				return nil, err
+			return nil
+		}
+		if err := run(20); err != nil { // warm-up: prepared statements, connections
+			return nil, "", err
+		}
+		n := float64(b.cfg.accountMessages)
+		c := cost{walBytes: -1}
+		var walSum, fpiSum int64
+		for range b.cfg.accountReps {
+			pg0, rd0 := pp.RoundTrips(), rp.RoundTrips()
+			if err := wal.start(ctx); err != nil {
+				return nil, "", err
 			}
-			c.pgRT = float64(pp.RoundTrips()-pg0) / float64(b.cfg.accountMessages)
-			c.redisRT = float64(rp.RoundTrips()-rd0) / float64(b.cfg.accountMessages)
-			if w := float64(wal1-wal0) / float64(b.cfg.accountMessages); c.walBytes < 0 || w < c.walBytes {
+			if err := run(b.cfg.accountMessages); err != nil {
+				return nil, "", err
+			}
+			bytes, fpi, err := wal.stop(ctx)
+			if err != nil {
+				return nil, "", err
+			}
+			c.pgRT, c.redisRT = float64(pp.RoundTrips()-pg0)/n, float64(rp.RoundTrips()-rd0)/n
+			walSum, fpiSum = walSum+bytes, fpiSum+fpi
+			if w := float64(bytes) / n; c.walBytes < 0 || w < c.walBytes {
 				c.walBytes = w
 			}
 		}
+		if wal.inspect { // exact: the average over all repetitions
+			reps := n * float64(b.cfg.accountReps)
+			c.walBytes, c.fpiBytes = float64(walSum)/reps, float64(fpiSum)/reps
+		}
 		out[s.key] = c
 	}
-	return out, nil
-}
-
-func (b *bench) walPosition(ctx context.Context) (int64, error) {
-	var lsn int64
-	err := b.admin.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint`).Scan(&lsn)
-	return lsn, err
+	return out, wal.method(), nil
 }
 
 // checkSameSQL runs one message through Process and one through the

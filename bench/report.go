@@ -15,10 +15,11 @@ type report struct {
 	loadBefore, loadAfter string
 	machine               []string
 
-	costs   map[string]cost
-	tables  []*msgTable
-	batches map[int]map[batchCase]series
-	cleanup *cleanupResult
+	costs     map[string]cost
+	walMethod string
+	tables    []*msgTable
+	batches   map[int]map[batchCase]series
+	cleanup   *cleanupResult
 }
 
 func (r *report) markdown() string {
@@ -35,11 +36,13 @@ func (r *report) markdown() string {
 		r.cfg.rounds, r.cfg.round)
 
 	if r.costs != nil {
-		p("\n### Round trips and WAL per message (one worker, counted by an in-process proxy)\n\n")
-		p("| scenario | Postgres round trips | Redis round trips | WAL bytes |\n|---|--:|--:|--:|\n")
+		p("\n### Round trips and WAL per message\n\n")
+		p("One worker; %d messages × %d per scenario. Round trips counted by an in-process proxy; WAL by %s.\n\n",
+			r.cfg.accountMessages, r.cfg.accountReps, r.walMethod)
+		p("| scenario | Postgres round trips | Redis round trips | WAL bytes | of which full-page images |\n|---|--:|--:|--:|--:|\n")
 		for _, s := range messageScenarios {
 			c := r.costs[s.key]
-			p("| %s | %.2f | %.2f | %.0f |\n", s.title, c.pgRT, c.redisRT, c.walBytes)
+			p("| %s | %.2f | %.2f | %.0f | %.0f |\n", s.title, c.pgRT, c.redisRT, c.walBytes, c.fpiBytes)
 		}
 	}
 	for _, t := range r.tables {

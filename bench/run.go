@@ -29,7 +29,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 	prog := newProgress(stderr, plannedSteps(cfg))
 	defer prog.finish()
 	if cfg.runs("accounting") {
-		if rep.costs, err = b.account(ctx, prog); err != nil {
+		if rep.costs, rep.walMethod, err = b.account(ctx, prog); err != nil {
 			return err
 		}
 	}

@@ -42,7 +42,7 @@ func TestRoundTripsPerMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.close()
-	costs, err := b.account(ctx, newProgress(io.Discard, 0))
+	costs, _, err := b.account(ctx, newProgress(io.Discard, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
