@@ -42,7 +42,7 @@ func TestRoundTripsPerMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.close()
-	costs, _, err := b.account(ctx, newProgress(io.Discard, 0))
+	costs, walMethod, err := b.account(ctx, newProgress(io.Discard, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,6 +53,16 @@ func TestRoundTripsPerMessage(t *testing.T) {
 	for key, w := range want {
 		if c := costs[key]; c.pgRT != w[0] || c.redisRT != w[1] {
 			t.Errorf("%s: %.2f Postgres and %.2f Redis round trips per message, want %.0f and %.0f", key, c.pgRT, c.redisRT, w[0], w[1])
+		}
+	}
+	// Measured exactly (the messages' own transactions) when pg_walinspect is
+	// there: a duplicate writes nothing, a claim writes its row.
+	if strings.Contains(walMethod, "pg_walinspect") {
+		if dup := costs[dupTx.key].walBytes; dup != 0 {
+			t.Errorf("the duplicate path wrote %.0f WAL bytes per message, want none", dup)
+		}
+		if p, bare := costs[processTx.key].walBytes, costs[bareTx.key].walBytes; p <= bare {
+			t.Errorf("Process wrote %.0f WAL bytes per message, not more than the bare transaction's %.0f", p, bare)
 		}
 	}
 }
