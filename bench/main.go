@@ -1,0 +1,130 @@
+// Command bench measures pgdedup side by side with the bare business
+// transaction and the Redis SET NX recipe, on one machine, in one process,
+// and prints the results as markdown. See BENCHMARKS.md at the repository root.
+//
+// From the repository root:
+//
+//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go run -C bench . -o /tmp/bench.md
+//
+// It works in a schema of its own, created and dropped, and under Redis keys
+// of its own, deleted at the end.
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is the command line.
+type config struct {
+	databaseURL     string
+	redisAddr       string
+	workers         []int
+	rounds          int
+	round           time.Duration
+	delay           time.Duration
+	cleanupRows     int
+	cleanupBaseline time.Duration
+	cleanupBatch    int
+	only            []string
+	out             string
+	cpuProfile      string
+
+	accountMessages int // messages per repetition when counting round trips and WAL
+	accountReps     int // repetitions; the WAL figure is the smallest
+}
+
+// parts are the parts of a run, for -only, in the order they run.
+var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
+
+func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	c := config{accountMessages: 200, accountReps: 5}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@localhost:5432/postgres?sslmode=disable"),
+		"Postgres to measure (default $DATABASE_URL, else the docker-compose database)")
+	fs.StringVar(&c.redisAddr, "redis", cmp.Or(os.Getenv("REDIS_ADDR"), "127.0.0.1:6379"), "Redis address for the SET NX recipe (default $REDIS_ADDR)")
+	workers := fs.String("workers", "1,8", "comma-separated worker counts (concurrent messages)")
+	fs.IntVar(&c.rounds, "rounds", 20, "interleaved rounds; results are medians over rounds")
+	fs.DurationVar(&c.round, "round", 350*time.Millisecond, "how long each scenario runs in each round")
+	fs.DurationVar(&c.delay, "delay", 250*time.Microsecond, "one-way delay the proxy adds for the delayed table; 0 skips it")
+	fs.IntVar(&c.cleanupRows, "cleanup-rows", 1_000_000, "expired rows Cleanup deletes")
+	fs.IntVar(&c.cleanupBatch, "cleanup-batch", 0, "Config.CleanupBatchSize for Cleanup (0: the library default)")
+	fs.DurationVar(&c.cleanupBaseline, "cleanup-baseline", 3*time.Second, "how long Process runs alone before Cleanup, for its p99 without cleanup")
+	only := fs.String("only", strings.Join(parts, ","), "comma-separated parts to run: "+strings.Join(parts, ", "))
+	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, w := range strings.Split(*workers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(w))
+		if err != nil || n < 1 || n > 64 {
+			return c, fmt.Errorf("-workers: %q is not a count from 1 to 64", w)
+		}
+		c.workers = append(c.workers, n)
+	}
+	for _, p := range strings.Split(*only, ",") {
+		if p = strings.TrimSpace(p); !slices.Contains(parts, p) {
+			return c, fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(parts, ", "))
+		}
+		c.only = append(c.only, p)
+	}
+	switch {
+	case c.rounds < 1:
+		return c, errors.New("-rounds must be at least 1")
+	case c.round < 10*time.Millisecond:
+		return c, errors.New("-round must be at least 10ms")
+	case c.delay < 0:
+		return c, errors.New("-delay must not be negative")
+	case c.cleanupRows < 1 || c.cleanupBaseline <= 0 || c.cleanupBatch < 0:
+		return c, errors.New("-cleanup-rows and -cleanup-baseline must be positive, -cleanup-batch not negative")
+	}
+	return c, nil
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// run performs the parts cfg asks for and writes the report to stdout (and
+// to cfg.out). The schema and Redis keys are removed even when it fails.
+func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) {
+	rep := &report{cfg: cfg, start: time.Now(), loadBefore: loadAverage()}
+	b, err := newBench(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	if rep.machine, err = b.machine(ctx); err != nil {
+		return err
+	}
+
+	prog := newProgress(stderr, plannedSteps(cfg))
+	defer prog.finish()
+	if cfg.runs("accounting") {
+		if rep.costs, rep.walMethod, err = b.account(ctx, prog); err != nil {
+			return err
+		}
+	}
+	if cfg.runs("messages") {
+		t, err := b.runMessages(ctx, "loopback", 0, prog)
+		if err != nil {
+			return err
+		}
+		rep.tables = append(rep.tables, t)
+	}
+	if cfg.runs("delayed") && cfg.delay > 0 {
+		t, err := b.runMessages(ctx, fmt.Sprintf("+%s each way", cfg.delay), cfg.delay, prog)
+		if err != nil {
+			return err
+		}
+		t.delayed = true
+		rep.tables = append(rep.tables, t)
+	}
+	if cfg.runs("batch") {
+		if rep.batches, err = b.runBatches(ctx, prog); err != nil {
+			return err
+		}
+	}
+	if cfg.runs("cleanup") {
+		c, err := b.runCleanup(ctx, prog)
+		if err != nil {
+			return err
+		}
+		rep.cleanup = &c
+	}
+	rep.loadAfter = loadAverage()
+	rep.took = time.Since(rep.start)
+
+	md := rep.markdown()
+	if _, err := io.WriteString(stdout, md); err != nil {
+		return err
+	}
+	if cfg.out != "" {
+		return os.WriteFile(cfg.out, []byte(md), 0o644)
+	}
+	return nil
+}
+
+func plannedSteps(cfg config) int {
+	n := 0
+	perRound := len(cfg.workers) * (cfg.rounds + 1)
+	if cfg.runs("accounting") {
+		n += len(messageScenarios)
+	}
+	if cfg.runs("messages") {
+		n += perRound * len(messageScenarios)
+	}
+	if cfg.runs("delayed") && cfg.delay > 0 {
+		n += perRound * len(messageScenarios)
+	}
+	if cfg.runs("batch") {
+		n += perRound * len(batchCases)
+	}
+	if cfg.runs("cleanup") {
+		n += 3
+	}
+	return n
+}
+
+// machine describes where the numbers come from: CPU, Go, Postgres and its
+// settings (reported, never changed), Redis.
+func (b *bench) machine(ctx context.Context) ([]string, error) {
+	var pgVersion string
+	if err := b.admin.QueryRow(ctx, `SELECT version()`).Scan(&pgVersion); err != nil {
+		return nil, err
+	}
+	rows, err := b.admin.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name`,
+		[]string{"synchronous_commit", "fsync", "wal_sync_method", "full_page_writes", "wal_level", "shared_buffers",
+			"wal_buffers", "max_wal_size", "checkpoint_timeout", "autovacuum", "commit_delay", "max_connections"})
+	if err != nil {
+		return nil, err
+	}
+	var settings []string
+	for rows.Next() {
+		var name, setting string
+		if err := rows.Scan(&name, &setting); err != nil {
+			return nil, err
+		}
+		settings = append(settings, name+"="+setting)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: b.cfg.redisAddr})
+	defer rdb.Close()
+	redisInfo := "unknown"
+	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
+		redisInfo = field(info, "redis_version:")
+	}
+	if v, err := rdb.ConfigGet(ctx, "appendonly").Result(); err == nil {
+		redisInfo += ", appendonly=" + v["appendonly"]
+	}
+	return []string{
+		fmt.Sprintf("CPU: %d cores (%s), GOMAXPROCS %d, %s/%s, %s",
+			runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version()),
+		"PostgreSQL: " + strings.SplitN(pgVersion, ",", 2)[0] + ", on the same machine",
+		"Postgres settings (server defaults of this machine, not tuned): " + strings.Join(settings, ", "),
+		"Redis: " + redisInfo + ", on the same machine",
+	}, nil
+}
+
+func field(text, prefix string) string {
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			return strings.TrimSpace(strings.TrimPrefix(line, prefix))
+		}
+	}
+	return "unknown"
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown model"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown model"
+}
+
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute load, or "unknown".
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
