@@ -134,6 +134,8 @@ func New(db DB, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("pgdedup: Config.LockTimeout must not be negative, got %s", cfg.LockTimeout)
 	case cfg.MaxAttempts < 0:
 		return nil, fmt.Errorf("pgdedup: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
+	case cfg.TxOptions.AccessMode == pgx.ReadOnly:
+		return nil, errors.New("pgdedup: Config.TxOptions must not be read only: the claim is an INSERT")
 	case cfg.CleanupBatchSize < 0:
 		return nil, fmt.Errorf("pgdedup: Config.CleanupBatchSize must not be negative, got %d", cfg.CleanupBatchSize)
 	}

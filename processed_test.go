@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
 )
@@ -132,5 +133,41 @@ func TestProcessFnPanicRollsBack(t *testing.T) {
 	}
 	if n := acquiredConns(b.pool); n != 0 {
 		t.Fatalf("panic leaked %d connections", n)
+	}
+}
+
+var (
+	_ pgdedup.DB = (*pgxpool.Pool)(nil)
+	_ pgdedup.DB = (*pgx.Conn)(nil)
+)
+
+// A single *pgx.Conn works as the Store's DB too (used from one goroutine).
+func TestProcessOnConn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	conn, err := pgx.Connect(ctx, b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	store, err := pgdedup.New(conn, pgdedup.Config{Consumer: "billing", LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		if ok, err := store.Process(ctx, "m", charge("o")); ok != want || err != nil {
+			t.Fatalf("Process #%d = %v, %v; want %v", i+1, ok, err, want)
+		}
+	}
+	errBoom := errors.New("boom")
+	if _, err := store.Process(ctx, "n", func(context.Context, pgx.Tx) error { return errBoom }); !errors.Is(err, errBoom) {
+		t.Fatal(err)
+	}
+	if conn.PgConn().TxStatus() != 'I' {
+		t.Fatalf("connection left in transaction status %q", conn.PgConn().TxStatus())
+	}
+	if got := chargesPerOrder(t, b.pool); got["o"] != 1 || len(got) != 1 {
+		t.Fatalf("charges %v", got)
 	}
 }

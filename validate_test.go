@@ -132,6 +132,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative lock timeout":  {Consumer: "c", LockTimeout: -time.Second},
 		"negative attempts":      {Consumer: "c", MaxAttempts: -1},
 		"negative cleanup batch": {Consumer: "c", CleanupBatchSize: -5},
+		"read-only transactions": {Consumer: "c", TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}},
 	} {
 		if _, err := pgdedup.New(b.pool, cfg); err == nil {
 			t.Errorf("%s: New accepted %+v", name, cfg)
