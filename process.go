@@ -44,11 +44,7 @@ func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx conte
 
 func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Context, pgx.Tx) error) (bool, error) {
 	start := time.Now()
-	b := &pgx.Batch{}
-	b.BeginTx(s.cfg.TxOptions)
-	s.queueClaim(b, id)
-	br := s.db.SendBatch(ctx, b)
-	tx := br.Tx()
+	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { s.queueClaim(b, id) })
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
 
 	claimed, err := s.readClaim(br, id, true)
@@ -97,11 +93,7 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 
 func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
 	start := time.Now()
-	b := &pgx.Batch{}
-	b.BeginTx(s.cfg.TxOptions)
-	s.queueClaimBatch(b, sorted)
-	br := s.db.SendBatch(ctx, b)
-	tx := br.Tx()
+	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { s.queueClaimBatch(b, sorted) })
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
 
 	fresh, err := s.readClaimBatch(br, ids, true)
@@ -123,6 +115,17 @@ func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn f
 	}
 	s.emit(ctx, Event{Kind: EventProcessed, Count: int64(len(fresh)), Duration: time.Since(start)})
 	return fresh, nil
+}
+
+// beginWith sends BEGIN and the statements queue adds in one round trip and
+// returns their results and the transaction. The caller reads the results,
+// then owns tx: it must commit or roll it back, even when reading failed.
+func (s *Store) beginWith(ctx context.Context, queue func(*pgx.Batch)) (pgx.BatchResults, pgx.Tx) {
+	b := &pgx.Batch{}
+	b.BeginTx(s.cfg.TxOptions)
+	queue(b)
+	br := s.db.SendBatch(ctx, b)
+	return br, br.Tx()
 }
 
 func (s *Store) duplicate(ctx context.Context, id string, n int) {
