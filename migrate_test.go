@@ -42,7 +42,7 @@ func TestMigrate(t *testing.T) {
 	}
 	var pk string
 	err := db.Pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass AND contype = 'p'`).Scan(&pk)
-	if err != nil || pk != "PRIMARY KEY (consumer, message_id)" {
+	if err != nil || pk != "PRIMARY KEY (key)" {
 		t.Fatalf("primary key %q, %v", pk, err)
 	}
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ('c', 'm')`); err == nil {

@@ -76,8 +76,8 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 // whole batch is rejected with ErrInvalidMessageID, naming its index, before
 // anything is sent.
 func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(ctx context.Context, tx pgx.Tx, fresh []string) error) (fresh []string, err error) {
-	sorted, err := prepareBatch(messageIDs)
-	if err != nil || len(sorted) == 0 {
+	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
+	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
 	}
 	if fn == nil {
@@ -91,7 +91,7 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 	return fresh, err
 }
 
-func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
+func (s *Store) processBatchOnce(ctx context.Context, ids []string, sorted sortedBatch, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
 	start := time.Now()
 	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { s.queueClaimBatch(b, sorted) })
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
@@ -101,7 +101,7 @@ func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn f
 		s.inFlight(ctx, err, "")
 		return nil, err
 	}
-	if dups := len(sorted) - len(fresh); dups > 0 {
+	if dups := len(sorted.ids) - len(fresh); dups > 0 {
 		s.duplicate(ctx, "", dups)
 	}
 	if len(fresh) == 0 {

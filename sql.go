@@ -35,7 +35,7 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (cla
 	}
 	var n int64
 	err = s.sqlLocked(ctx, tx, func() error {
-		res, err := tx.ExecContext(ctx, s.sql.claim, s.cfg.Consumer, messageID)
+		res, err := tx.ExecContext(ctx, s.sql.claim, s.cfg.Consumer, messageID, Key(s.cfg.Consumer, messageID))
 		if err != nil {
 			return err
 		}
@@ -55,19 +55,19 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (cla
 // with ErrInvalidMessageID, naming the index, if any ID is invalid, before
 // anything is sent. Round trips and Config.LockTimeout are as in ClaimSQL.
 //
-// The IDs travel as one text[] parameter written as a Postgres array literal,
-// so no driver-specific array type is needed.
+// The IDs and their keys travel as two array parameters written as Postgres
+// array literals, so no driver-specific array type is needed.
 func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string) (fresh []string, err error) {
-	sorted, err := prepareBatch(messageIDs)
-	if err != nil || len(sorted) == 0 {
+	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
+	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
 	}
 	if tx == nil {
 		return nil, errNilTx
 	}
-	got := make(map[string]struct{}, len(sorted))
+	got := make(map[string]struct{}, len(sorted.ids))
 	err = s.sqlLocked(ctx, tx, func() error {
-		rows, err := tx.QueryContext(ctx, s.sql.claimBatch, s.cfg.Consumer, textArray(sorted))
+		rows, err := tx.QueryContext(ctx, s.sql.claimBatch, s.cfg.Consumer, textArray(sorted.ids), textArray(sorted.keys))
 		if err != nil {
 			return err
 		}

@@ -15,8 +15,8 @@ import (
 // the IDs are always bound parameters.
 type statements struct {
 	table      string
-	claim      string // $1 consumer, $2 id
-	claimBatch string // $1 consumer, $2 sorted ids
+	claim      string // $1 consumer, $2 id, $3 key
+	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
 
 	// With Config.LockTimeout set, the claim runs between saveLockTimeout and
 	// restoreLockTimeout, so the wait is bounded without changing lock_timeout
@@ -34,10 +34,10 @@ func newStatements(table pgx.Identifier, retention, lockTimeout time.Duration) s
 	expires := fmt.Sprintf("now() + interval '%d microseconds'", retention.Microseconds())
 	st := statements{
 		table: t,
-		claim: `INSERT INTO ` + t + ` (consumer, message_id, expires_at) VALUES ($1, $2, ` + expires + `)
+		claim: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at) VALUES ($3::uuid, $1, $2, ` + expires + `)
 ON CONFLICT DO NOTHING`,
-		claimBatch: `INSERT INTO ` + t + ` (consumer, message_id, expires_at)
-SELECT $1, id, ` + expires + ` FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) ORDER BY n
+		claimBatch: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at)
+SELECT k, $1, id, ` + expires + ` FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n) ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING message_id`,
 	}
@@ -74,12 +74,13 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 // IDs are duplicates, and the claims commit or roll back with tx.
 //
 // Whatever the batch size it is one statement and one round trip. The IDs are
-// inserted in sorted order, so overlapping batches cannot deadlock. If any ID is
+// inserted in the order of their keys (see [Key]), so overlapping batches
+// cannot deadlock. If any ID is
 // invalid, the whole batch is rejected with ErrInvalidMessageID, naming its
 // index, before anything is sent.
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
-	sorted, err := prepareBatch(messageIDs)
-	if err != nil || len(sorted) == 0 {
+	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
+	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
 	}
 	b := &pgx.Batch{}
@@ -90,11 +91,11 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) 
 // queueClaim queues the claim of id (bracketed by the lock timeout statements
 // when configured) onto b, which may already hold a BEGIN.
 func (s *Store) queueClaim(b *pgx.Batch, id string) {
-	s.queueLocked(b, s.sql.claim, s.cfg.Consumer, id)
+	s.queueLocked(b, s.sql.claim, s.cfg.Consumer, id, Key(s.cfg.Consumer, id))
 }
 
-func (s *Store) queueClaimBatch(b *pgx.Batch, sorted []string) {
-	s.queueLocked(b, s.sql.claimBatch, s.cfg.Consumer, sorted)
+func (s *Store) queueClaimBatch(b *pgx.Batch, sorted sortedBatch) {
+	s.queueLocked(b, s.sql.claimBatch, s.cfg.Consumer, sorted.ids, sorted.keys)
 }
 
 func (s *Store) queueLocked(b *pgx.Batch, sql string, args ...any) {

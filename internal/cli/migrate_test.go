@@ -24,7 +24,7 @@ func TestMigrateLifecycle(t *testing.T) {
 
 	r := migrate("status")
 	if r.code != 0 || !regexp.MustCompile(`00001_processed_messages.sql +pending`).MatchString(r.stdout) ||
-		!strings.Contains(r.stdout, "2 pending: run `pgdedup migrate up`") {
+		!strings.Contains(r.stdout, "3 pending: run `pgdedup migrate up`") {
 		t.Errorf("status before up: %s", r)
 	}
 	if exists(t, db.Pool, pgdedup.VersionTable) {
@@ -34,11 +34,12 @@ func TestMigrateLifecycle(t *testing.T) {
 	r = migrate("up")
 	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_processed_messages.sql in ") ||
 		!strings.Contains(r.stdout, "applied 00002_idempotency_responses.sql in ") ||
-		!strings.Contains(r.stdout, "now at version 2") {
+		!strings.Contains(r.stdout, "applied 00003_compact_key.sql in ") ||
+		!strings.Contains(r.stdout, "now at version 3") {
 		t.Errorf("up: %s", r)
 	}
 	usable(t, db.Pool)
-	if r = migrate("up"); r.code != 0 || r.stdout != "already up to date at version 2\n" {
+	if r = migrate("up"); r.code != 0 || r.stdout != "already up to date at version 3\n" {
 		t.Errorf("second up: %s", r)
 	}
 	r = migrate("status")
@@ -46,15 +47,22 @@ func TestMigrateLifecycle(t *testing.T) {
 		t.Errorf("status after up: %s", r)
 	}
 
-	// down reverts one migration at a time, the newest first.
+	// down reverts one migration at a time, the newest first. This code needs
+	// version 3, so below it the table is checked by its primary key.
 	r = migrate("down")
-	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00002_idempotency_responses.sql in ") || !strings.Contains(r.stdout, "now at version 1") {
+	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00003_compact_key.sql in ") || !strings.Contains(r.stdout, "now at version 2") {
 		t.Errorf("first down: %s", r)
 	}
-	usable(t, db.Pool)
+	if pk := primaryKey(t, db.Pool); pk != "PRIMARY KEY (consumer, message_id)" {
+		t.Errorf("primary key after down to 2: %s", pk)
+	}
+	r = migrate("down")
+	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00002_idempotency_responses.sql in ") || !strings.Contains(r.stdout, "now at version 1") {
+		t.Errorf("second down: %s", r)
+	}
 	r = migrate("down")
 	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00001_processed_messages.sql in ") || !strings.Contains(r.stdout, "now at version 0") {
-		t.Errorf("second down: %s", r)
+		t.Errorf("third down: %s", r)
 	}
 	if exists(t, db.Pool, "processed_messages") {
 		t.Error("processed_messages still exists after down")
@@ -82,8 +90,7 @@ func TestMigrateSQL(t *testing.T) {
 	if strings.Contains(up.stdout, "DROP TABLE") || !strings.Contains(down.stdout, "DROP TABLE") {
 		t.Fatalf("up and down mixed:\n%s\n---\n%s", up.stdout, down.stdout)
 	}
-	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, up.stdout); err != nil {
+	if err := runLikePsql(db.Pool, up.stdout); err != nil {
 		t.Fatalf("running migrate sql: %v\n%s", err, up.stdout)
 	}
 	usable(t, db.Pool)
@@ -91,7 +98,7 @@ func TestMigrateSQL(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "created by `pgdedup migrate sql` or by hand?") {
 		t.Errorf("migrate up over a table made by migrate sql: %s", r)
 	}
-	if _, err := db.Pool.Exec(ctx, down.stdout); err != nil {
+	if err := runLikePsql(db.Pool, down.stdout); err != nil {
 		t.Fatalf("running migrate sql --down: %v\n%s", err, down.stdout)
 	}
 	if exists(t, db.Pool, "processed_messages") {
@@ -111,6 +118,41 @@ func TestMigrateUsage(t *testing.T) {
 			t.Errorf("%q: %s", args, r)
 		}
 	}
+}
+
+// runLikePsql runs script one statement at a time on one connection, as psql
+// does: statements end with a semicolon at the end of a line outside $$
+// quotes. Migration 00003 must run outside a transaction block, so the script
+// cannot go as one multi-statement query.
+func runLikePsql(pool *pgxpool.Pool, script string) error {
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var stmt strings.Builder
+	for line := range strings.Lines(script) {
+		stmt.WriteString(line)
+		if strings.Count(stmt.String(), "$$")%2 == 0 && strings.HasSuffix(strings.TrimSpace(line), ";") {
+			if _, err := conn.Exec(ctx, stmt.String()); err != nil {
+				return fmt.Errorf("%w in\n%s", err, stmt.String())
+			}
+			stmt.Reset()
+		}
+	}
+	return nil
+}
+
+func primaryKey(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var pk string
+	err := pool.QueryRow(context.Background(),
+		`SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass AND contype = 'p'`).Scan(&pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pk
 }
 
 func exists(t *testing.T, pool *pgxpool.Pool, table string) bool {
