@@ -73,7 +73,7 @@ func (s *Store) processOffsetsOnce(ctx context.Context, p Partition, offsets []i
 		if errors.Is(err, ErrFenced) {
 			s.log.WarnContext(ctx, "pgdedup: fenced", "consumer", s.cfg.Consumer, "topic", p.Topic, "partition", p.Partition, "generation", p.Generation)
 		}
-		s.inFlight(ctx, err, "")
+		s.inFlight(ctx, err, "", len(offsets))
 		return nil, err
 	}
 	if dups := len(offsets) - len(fresh); dups > 0 {

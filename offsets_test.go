@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 var orders = pgdedup.Partition{Topic: "orders", Partition: 3}
@@ -430,7 +431,12 @@ func TestOffsetTableFollowsTableSchema(t *testing.T) {
 func TestOffsetsRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	store, proxy, pool := proxiedStore(t, b, pgdedup.Config{}, 1)
+	proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
+	pool := pgtest.Pool(t, proxied, 1)
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := ctxT(t)
 	measure := func(f func() error) int64 {
 		t.Helper()
@@ -476,21 +482,25 @@ func TestOffsetsRoundTrips(t *testing.T) {
 // the retry leaves every record charged once.
 func TestProcessOffsetsRetriesAmbiguousCommit(t *testing.T) {
 	t.Parallel()
-	for _, forward := range []bool{true, false} {
-		t.Run(fmt.Sprintf("commit reaches server=%v", forward), func(t *testing.T) {
+	for _, how := range []wireproxy.Cut{wireproxy.CutAfterCommit, wireproxy.CutBeforeCommit} {
+		t.Run(fmt.Sprintf("cut=%d", how), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, pgdedup.Config{})
-			store, proxy, _ := proxiedStore(t, b, pgdedup.Config{MaxAttempts: 10}, 2) // the cuts hit consecutive commits
+			proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
+			store, err := pgdedup.New(pgtest.Pool(t, proxied, 2), pgdedup.Config{Consumer: "billing", MaxAttempts: 10}) // the cuts hit consecutive commits
+			if err != nil {
+				t.Fatal(err)
+			}
 			ctx := ctxT(t)
 			const batches, cuts = 30, 8
-			proxy.CutCommits(cuts, forward)
+			proxy.CutCommits(cuts, how)
 			for i := range int64(batches) {
 				if _, err := store.ProcessOffsets(ctx, orders, []int64{2 * i, 2*i + 1}, chargeOffsets(orders)); err != nil {
 					t.Fatalf("batch %d: %v", i, err)
 				}
 			}
-			if proxy.Cut() != cuts {
-				t.Fatalf("%d commits cut, want %d", proxy.Cut(), cuts)
+			if st := proxy.Stats(); st.CutBefore+st.CutAfter != cuts {
+				t.Fatalf("%+v: want %d commits cut", st, cuts)
 			}
 			got := chargesPerOrder(t, b.pool)
 			for o := range 2 * batches {
