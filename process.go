@@ -98,7 +98,7 @@ func (s *Store) processBatchOnce(ctx context.Context, ids []string, sorted sorte
 
 	fresh, err := s.readClaimBatch(br, ids, true)
 	if err != nil {
-		s.inFlight(ctx, err, "", len(sorted))
+		s.inFlight(ctx, err, "", len(sorted.ids))
 		return nil, err
 	}
 	if dups := len(sorted.ids) - len(fresh); dups > 0 {
