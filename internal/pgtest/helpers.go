@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgdedup/pgdedup/internal/pgserver"
 )
 
 // Querier is what the helpers need from the database: a pool, a connection
@@ -32,4 +34,20 @@ func Count(t testing.TB, db Querier, sql string, args ...any) int {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// StartCluster starts a throwaway PostgreSQL cluster of t's own (see
+// [pgserver.StartCluster]), stopped and removed when t ends.
+func StartCluster(t testing.TB) *pgserver.Cluster {
+	t.Helper()
+	c, err := pgserver.StartCluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Errorf("pgtest: stop cluster: %v", err)
+		}
+	})
+	return c
 }
