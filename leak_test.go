@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // leakBundle is a pool whose sessions carry their own application_name, so
@@ -87,7 +88,7 @@ func (l *leakBundle) assertNothingLeft(t *testing.T, id string) {
 	const busy = `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle' AND pid <> pg_backend_pid()`
 	n := 0
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if n = count(t, l.bundle.pool, busy, l.app); n == 0 || time.Now().After(deadline) {
+		if n = pgtest.Count(t, l.bundle.pool, busy, l.app); n == 0 || time.Now().After(deadline) {
 			break
 		}
 	}

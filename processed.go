@@ -184,3 +184,7 @@ func (s *Store) Consumer() string { return s.cfg.Consumer }
 
 // Table returns the quoted, possibly schema-qualified name of the dedup table.
 func (s *Store) Table() string { return s.sql.table }
+
+// Retention returns how long the store remembers an ID: Config.Retention, or
+// its default.
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }
