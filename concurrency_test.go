@@ -128,7 +128,7 @@ func TestLockTimeoutReturnsErrInFlight(t *testing.T) {
 	var inFlight atomic.Int64
 	b := setup(t, pgdedup.Config{LockTimeout: 100 * time.Millisecond, OnEvent: func(_ context.Context, e pgdedup.Event) {
 		if e.Kind == pgdedup.EventInFlight {
-			inFlight.Add(1)
+			inFlight.Add(e.Count)
 		}
 	}})
 	ctx := ctxT(t)
@@ -144,7 +144,15 @@ func TestLockTimeoutReturnsErrInFlight(t *testing.T) {
 		t.Fatalf("gave up after %s, want about LockTimeout", waited)
 	}
 	if inFlight.Load() != 1 {
-		t.Fatalf("%d in-flight events, want 1", inFlight.Load())
+		t.Fatalf("%d messages reported in flight, want 1", inFlight.Load())
+	}
+	// A batch gives up whole, and reports each of its distinct IDs.
+	fresh, err := b.store.ProcessBatch(ctx, []string{"x", "msg-1", "y", "x"}, func(context.Context, pgx.Tx, []string) error { calls++; return nil })
+	if !errors.Is(err, pgdedup.ErrInFlight) || len(fresh) != 0 || calls != 0 {
+		t.Fatalf("batch: fresh=%v err=%v calls=%d, want ErrInFlight and fn not called", fresh, err, calls)
+	}
+	if inFlight.Load() != 1+3 {
+		t.Fatalf("%d messages reported in flight, want 1 and then the batch's 3", inFlight.Load())
 	}
 	if err := first.Commit(ctx); err != nil {
 		t.Fatal(err)

@@ -53,7 +53,7 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 
 	claimed, err := s.readClaim(br, id, true, a)
 	if err != nil {
-		s.inFlight(ctx, err, id)
+		s.inFlight(ctx, err, id, 1)
 		return false, err
 	}
 	if !claimed {
@@ -107,7 +107,7 @@ func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn f
 
 	fresh, err := s.readClaimBatch(br, ids, true, q)
 	if err != nil {
-		s.inFlight(ctx, err, "")
+		s.inFlight(ctx, err, "", len(sorted))
 		return nil, err
 	}
 	if dups := len(sorted) - len(fresh); dups > 0 {
@@ -146,9 +146,9 @@ func (s *Store) duplicate(ctx context.Context, id string, n int) {
 	s.emit(ctx, Event{Kind: EventDuplicate, MessageID: id, Count: int64(n)})
 }
 
-func (s *Store) inFlight(ctx context.Context, err error, id string) {
+func (s *Store) inFlight(ctx context.Context, err error, id string, n int) {
 	if errors.Is(err, ErrInFlight) {
 		s.log.DebugContext(ctx, "pgdedup: message in flight elsewhere", "consumer", s.cfg.Consumer, "message_id", id)
-		s.emit(ctx, Event{Kind: EventInFlight, MessageID: id})
+		s.emit(ctx, Event{Kind: EventInFlight, MessageID: id, Count: int64(n)})
 	}
 }
