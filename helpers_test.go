@@ -87,15 +87,6 @@ func recorded(t *testing.T, pool *pgxpool.Pool, consumer, id string) bool {
 	return ok
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
-
 // acquiredConns returns the pool's acquired connections once they have settled:
 // a connection closed after a cancelled query is destroyed asynchronously and
 // counts as acquired until then.

@@ -93,7 +93,7 @@ func (l *leakBundle) assertNothingLeft(t *testing.T, id string) {
 	const busy = `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle' AND pid <> pg_backend_pid()`
 	n := 0
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if n = count(t, l.bundle.pool, busy, l.app); n == 0 || time.Now().After(deadline) {
+		if n = pgtest.Count(t, l.bundle.pool, busy, l.app); n == 0 || time.Now().After(deadline) {
 			break
 		}
 	}

@@ -95,7 +95,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if n, err := store.Cleanup(ctx); err != nil || n != 2 {
 		t.Fatalf("Cleanup: deleted=%d err=%v, want 2, nil", n, err)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing'`); n != 5 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing'`); n != 5 {
 		t.Fatalf("%d billing IDs recorded, want 5 (m1..m5)", n)
 	}
 	if got := chargesPerOrder(t, b.pool); got["o1"] != 1 || got["o2"] != 1 || got["o5"] != 1 || len(got) != 3 {
@@ -121,7 +121,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			t.Errorf("%s as the runtime role: err=%v, want insufficient_privilege (42501)", sql, err)
 		}
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'forged'`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'forged'`); n != 0 {
 		t.Fatalf("runtime role rewrote %d message IDs", n)
 	}
 }
