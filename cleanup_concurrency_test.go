@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // Four cleaners at once (Stores of different consumers: Cleanup is for the
@@ -20,9 +21,9 @@ func TestCleanupConcurrentCleaners(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	seed(t, b.pool, "billing", "old-", 30_000, -time.Hour)
-	seed(t, b.pool, "emails", "old-", 30_000, -time.Hour)
-	seed(t, b.pool, "emails", "live-", 100, time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 30_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "emails", "old-", 30_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "emails", "live-", 100, time.Hour)
 
 	var total atomic.Int64
 	var wg sync.WaitGroup
@@ -46,7 +47,7 @@ func TestCleanupConcurrentCleaners(t *testing.T) {
 	if n := total.Load(); n != 60_000 {
 		t.Errorf("cleaners deleted %d rows in total, want 60000", n)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 100 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 100 {
 		t.Errorf("%d rows left, want the 100 live ones", n)
 	}
 }
@@ -61,15 +62,15 @@ func TestCleanupWhileProcessing(t *testing.T) {
 	sink := &logSink{onBatch: func(int64) { once.Do(func() { close(cleaning) }) }}
 	b := setup(t, pgdedup.Config{CleanupBatchSize: 500, Logger: slog.New(sink)})
 	const orders = 300
-	seed(t, b.pool, "billing", "old-", 20_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 20_000, -time.Hour)
 	// The same IDs, expired, for another consumer: neighbours of the new claims
 	// in the primary key index.
-	seed(t, b.pool, "billing-v1", "order-", orders, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing-v1", "order-", orders, -time.Hour)
 
 	deliveries := make(chan string, 3*orders)
 	var ids []string
 	for i := range 3 * orders {
-		ids = append(ids, seedID("order-", i%orders+1))
+		ids = append(ids, pgtest.SeedID("order-", i%orders+1))
 	}
 	rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 	for _, id := range ids {
@@ -124,7 +125,7 @@ func TestCleanupWhileProcessing(t *testing.T) {
 	}
 	charges := chargesPerOrder(t, b.pool)
 	for i := 1; i <= orders; i++ {
-		id := seedID("order-", i)
+		id := pgtest.SeedID("order-", i)
 		if charges[id] != 1 || !recorded(t, b.pool, "billing", id) {
 			t.Errorf("%s: charged %d times, recorded %v; want once, true", id, charges[id], recorded(t, b.pool, "billing", id))
 		}
@@ -151,8 +152,8 @@ func TestCleanupTurnTakenAfterAnotherBatchCommitted(t *testing.T) {
 	const batch = 100
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	seed(t, b.pool, "billing", "old-", 3*batch, -time.Hour)
-	seed(t, b.pool, "billing", "live-", 10, time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 3*batch, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "live-", 10, time.Hour)
 	gates := newCleanupGates(t, b, 0)
 
 	// A pauses after its first batch, until resumeA.
@@ -191,12 +192,12 @@ func TestCleanupTurnTakenAfterAnotherBatchCommitted(t *testing.T) {
 	if a.err != nil || bRes.err != nil {
 		t.Fatalf("Cleanup errors: A %v, B %v", a.err, bRes.err)
 	}
-	left := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < now()`)
+	left := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < now()`)
 	if left != 0 || a.n+bRes.n != 3*batch {
 		t.Errorf("both cleaners returned (A deleted %d, B %d) with %d expired rows left; want 0 left, %d deleted",
 			a.n, bRes.n, left, 3*batch)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at > now()`); n != 10 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at > now()`); n != 10 {
 		t.Errorf("%d live rows left, want 10", n)
 	}
 }
@@ -239,9 +240,9 @@ func TestCleanupConcurrentCleanersStress(t *testing.T) {
 	for ; rounds < 30 && time.Now().Before(budget); rounds++ {
 		mustExec(t, b.pool, `TRUNCATE processed_messages`)
 		expired := 1_000 + rand.N(3_000)
-		seed(t, b.pool, "billing", "old-", expired/2, -time.Hour)
-		seed(t, b.pool, "emails", "old-", expired-expired/2, -time.Minute)
-		seed(t, b.pool, "billing", "live-", live, time.Hour)
+		pgtest.Seed(t, b.pool, "billing", "old-", expired/2, -time.Hour)
+		pgtest.Seed(t, b.pool, "emails", "old-", expired-expired/2, -time.Minute)
+		pgtest.Seed(t, b.pool, "billing", "live-", live, time.Hour)
 		// Rows expiring while the cleaners run: they may go or stay.
 		mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, expires_at)
 SELECT 'soon', 'soon-' || g, now() + g * interval '1 millisecond' FROM generate_series(1, 200) g`)
@@ -252,7 +253,7 @@ SELECT 'soon', 'soon-' || g, now() + g * interval '1 millisecond' FROM generate_
 			}
 			stores[i] = store
 		}
-		before := count(t, b.pool, `SELECT count(*) FROM processed_messages`)
+		before := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`)
 		var start time.Time
 		if err := b.pool.QueryRow(ctx, `SELECT now()`).Scan(&start); err != nil {
 			t.Fatal(err)
@@ -272,8 +273,8 @@ SELECT 'soon', 'soon-' || g, now() + g * interval '1 millisecond' FROM generate_
 		}
 		wg.Wait()
 
-		after := count(t, b.pool, `SELECT count(*) FROM processed_messages`)
-		left := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < $1`, start)
+		after := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`)
+		left := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < $1`, start)
 		if left != 0 {
 			t.Errorf("round %d: all %d cleaners returned with %d of %d rows left that had expired before they started",
 				rounds, cleaners, left, expired)
@@ -281,14 +282,14 @@ SELECT 'soon', 'soon-' || g, now() + g * interval '1 millisecond' FROM generate_
 		if n := total.Load(); n != int64(before-after) {
 			t.Errorf("round %d: the cleaners counted %d rows deleted, the table lost %d", rounds, n, before-after)
 		}
-		if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing' AND message_id LIKE 'live-%'`); n != live {
+		if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing' AND message_id LIKE 'live-%'`); n != live {
 			t.Errorf("round %d: %d live rows left, want %d", rounds, n, live)
 		}
 		if t.Failed() {
 			break
 		}
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM cleanup_premature`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM cleanup_premature`); n != 0 {
 		t.Errorf("%d rows deleted before their expires_at", n)
 	}
 	t.Logf("%d rounds of %d cleaners", rounds, cleaners)

@@ -1,85 +1,17 @@
 package pgdedup_test
 
 import (
-	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
-// proxiedStore returns a Store whose pool goes through a proxy, and the proxy.
-func proxiedStore(t *testing.T, b *bundle, cfg pgdedup.Config, maxConns int32) (*pgdedup.Store, *pgtest.Proxy, *pgxpool.Pool) {
-	t.Helper()
-	proxy := pgtest.NewProxy(t, b.db.URL)
-	pcfg, err := pgxpool.ParseConfig(proxy.URL(b.db.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = maxConns
-	pcfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	cfg.Consumer = "billing"
-	store, err := pgdedup.New(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return store, proxy, pool
-}
-
-// The connection is cut right after COMMIT is sent, before its reply: the
-// outcome is unknown to the client. Whether the commit landed (forwarded) or
-// not, the retry leaves exactly one charge.
-func TestProcessRetriesAmbiguousCommit(t *testing.T) {
-	t.Parallel()
-	for _, forward := range []bool{true, false} {
-		t.Run(fmt.Sprintf("commit reaches server=%v", forward), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, pgdedup.Config{})
-			store, proxy, _ := proxiedStore(t, b, pgdedup.Config{MaxAttempts: 5}, 8)
-			ctx := ctxT(t)
-			const msgs, cuts = 40, 10
-			proxy.CutCommits(cuts, forward)
-
-			var wg sync.WaitGroup
-			errs := make(chan error, msgs)
-			for i := range msgs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					id := fmt.Sprintf("msg-%d", i)
-					if _, err := store.Process(ctx, id, charge(id)); err != nil {
-						errs <- fmt.Errorf("%s: %w", id, err)
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-			if proxy.Cut() != cuts {
-				t.Fatalf("%d commits cut, want %d", proxy.Cut(), cuts)
-			}
-			got := chargesPerOrder(t, b.pool)
-			for i := range msgs {
-				id := fmt.Sprintf("msg-%d", i)
-				if got[id] != 1 {
-					t.Errorf("%s charged %d times, want 1", id, got[id])
-				}
-			}
-		})
-	}
-}
+// The ambiguous commit (the connection cut around COMMIT) is tested, with
+// Process and ProcessBatch under load, in internal/faults (TestAmbiguousCommit).
 
 // Round trips, counted on the wire after the statements are prepared: a new
 // message costs what the bare transaction costs (BEGIN+claim, fn's insert,
@@ -87,7 +19,12 @@ func TestProcessRetriesAmbiguousCommit(t *testing.T) {
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	store, proxy, pool := proxiedStore(t, b, pgdedup.Config{}, 1)
+	proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
+	pool := pgtest.Pool(t, proxied, 1)
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := ctxT(t)
 
 	measure := func(f func() error) int64 {
@@ -138,9 +75,13 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
+	warm := make([]string, 1000) // a batch of the measured size: Citus claims it as VALUES of 1024 rows
+	for i := range warm {
+		warm[i] = fmt.Sprint("warm", i)
+	}
 	for range 2 {
 		_, _ = store.Claim(ctx, tx, "warm")
-		_, _ = store.ClaimBatch(ctx, tx, []string{"warm"})
+		_, _ = store.ClaimBatch(ctx, tx, warm)
 	}
 	if got := measure(func() error { _, err := store.Claim(ctx, tx, "c1"); return err }); got != 1 {
 		t.Errorf("Claim: %d round trips, want 1", got)

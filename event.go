@@ -16,7 +16,9 @@ const (
 	EventDuplicate
 	// EventRetry: attempt number Attempt failed with the transient Err and is retried.
 	EventRetry
-	// EventInFlight: another transaction held the ID past Config.LockTimeout.
+	// EventInFlight: another transaction held an ID past Config.LockTimeout, so
+	// the Count messages of the call (1, or the batch's distinct IDs) were not
+	// processed.
 	EventInFlight
 	// EventCleanup: a Cleanup run deleted Count expired rows in Duration (Err if it failed).
 	EventCleanup
@@ -37,7 +39,7 @@ type Event struct {
 	Kind      EventKind
 	Consumer  string
 	MessageID string        // the ID, for single-message events; empty for batches and cleanup
-	Count     int64         // IDs processed or skipped, or rows deleted
+	Count     int64         // IDs processed, skipped or given up on (in flight), or rows deleted
 	Attempt   int           // for EventRetry: the attempt that failed, from 1
 	Duration  time.Duration // for EventProcessed and EventCleanup: time taken
 	Err       error         // for EventRetry and EventCleanup

@@ -30,17 +30,17 @@ func TestMigrate(t *testing.T) {
 	if err := sqlDB.PingContext(ctx); err != nil {
 		t.Fatalf("Migrate closed the caller's *sql.DB: %v", err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM goose_db_version`); n != 2 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM goose_db_version`); n != 2 {
 		t.Fatalf("host goose_db_version has %d rows, want its 2", n)
 	}
 	// The table lands in the connection's search_path, with its key and index.
-	if n := count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', 'pgdedup_db_version')`, db.Schema); n != 2 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', 'pgdedup_db_version')`, db.Schema); n != 2 {
 		t.Fatalf("%d of processed_messages, pgdedup_db_version in schema %s, want 2", n, db.Schema)
 	}
 	// Only the catalog rows of this schema's table: pg_indexes would call
 	// pg_get_indexdef on the indexes of other tests' schemas too, and fail
 	// when one is dropped meanwhile.
-	if n := count(t, db.Pool, `SELECT count(*) FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 WHERE i.indrelid = to_regclass($1) AND i.indnatts = 1 AND a.attname = 'expires_at'`, db.Schema+".processed_messages"); n != 1 {
 		t.Fatalf("no index on expires_at")
 	}
@@ -73,13 +73,13 @@ func TestMigrationsWithPlainGoose(t *testing.T) {
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatal(n)
 	}
 	if _, err := p.DownTo(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_messages'`, db.Schema); n != 0 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_messages'`, db.Schema); n != 0 {
 		t.Fatal("down migration left processed_messages")
 	}
 }

@@ -76,6 +76,12 @@ type Config struct {
 	// CleanupBatchSize is how many expired rows one Cleanup transaction deletes
 	// at most. Defaults to 10,000.
 	CleanupBatchSize int
+
+	// OffsetTable is the table of last processed offsets used by
+	// [Store.ProcessOffsets] and the other offset calls, optionally
+	// schema-qualified, with the same rules as Table. Defaults to
+	// "processed_offsets", in Table's schema when Table is schema-qualified.
+	OffsetTable string
 }
 
 // Store records processed message IDs for one consumer. It is safe for
@@ -85,6 +91,8 @@ type Store struct {
 	cfg Config
 	log *slog.Logger
 	sql statements
+	lay layoutPtr // looked up on first use: see layout
+	off offsetStatements
 }
 
 const (
@@ -123,7 +131,12 @@ func New(db DB, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("pgdedup: invalid Config.Consumer: %s", err)
 	}
 	cfg.Table = cmp.Or(cfg.Table, defaultTable)
-	ident, err := parseTable(cfg.Table)
+	ident, err := parseTable("Table", cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	cfg.OffsetTable = cmp.Or(cfg.OffsetTable, defaultOffsetTable(ident))
+	offIdent, err := parseTable("OffsetTable", cfg.OffsetTable)
 	if err != nil {
 		return nil, err
 	}
@@ -146,18 +159,22 @@ func New(db DB, cfg Config) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Store{db: db, cfg: cfg, log: logger, sql: newStatements(ident, cfg.Retention, cfg.LockTimeout)}, nil
+	return &Store{db: db, cfg: cfg, log: logger,
+		sql: newStatements(ident, cfg.Retention, cfg.LockTimeout),
+		off: newOffsetStatements(offIdent),
+	}, nil
 }
 
-// parseTable splits "schema.table" or "table" into a quoted identifier.
-func parseTable(name string) (pgx.Identifier, error) {
+// parseTable splits "schema.table" or "table", the value of Config.field, into
+// a quoted identifier.
+func parseTable(field, name string) (pgx.Identifier, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
-		return nil, fmt.Errorf("pgdedup: invalid Config.Table %q: want table or schema.table", name)
+		return nil, fmt.Errorf("pgdedup: invalid Config.%s %q: want table or schema.table", field, name)
 	}
 	for _, p := range parts {
 		if !identRe.MatchString(p) {
-			return nil, fmt.Errorf("pgdedup: invalid Config.Table %q: %q is not a plain identifier (letters, digits, _ or $, not starting with a digit, at most 63 bytes)", name, p)
+			return nil, fmt.Errorf("pgdedup: invalid Config.%s %q: %q is not a plain identifier (letters, digits, _ or $, not starting with a digit, at most 63 bytes)", field, name, p)
 		}
 	}
 	return pgx.Identifier(parts), nil
@@ -168,3 +185,7 @@ func (s *Store) Consumer() string { return s.cfg.Consumer }
 
 // Table returns the quoted, possibly schema-qualified name of the dedup table.
 func (s *Store) Table() string { return s.sql.table }
+
+// Retention returns how long the store remembers an ID: Config.Retention, or
+// its default.
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }

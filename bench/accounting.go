@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // cost is what one message costs, counted rather than timed.
@@ -28,12 +30,12 @@ func (b *bench) account(ctx context.Context, prog *progress) (map[string]cost, s
 	if err != nil {
 		return nil, "", err
 	}
-	pp, err := startProxy(pgNet, addr, 0)
+	pp, err := wireproxy.Start(wireproxy.Config{Network: pgNet, Target: addr, Raw: true})
 	if err != nil {
 		return nil, "", err
 	}
 	defer pp.Close()
-	rp, err := startProxy("tcp", b.cfg.redisAddr, 0)
+	rp, err := wireproxy.Start(wireproxy.Config{Target: b.cfg.redisAddr, Raw: true})
 	if err != nil {
 		return nil, "", err
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // msgTable is scenarios 1-5 and the pipeline on one network path.
@@ -30,12 +32,12 @@ func (b *bench) runMessages(ctx context.Context, network string, delay time.Dura
 		if err != nil {
 			return nil, err
 		}
-		pp, err := startProxy(pgNet, addr, delay)
+		pp, err := wireproxy.Start(wireproxy.Config{Network: pgNet, Target: addr, Delay: delay, Raw: true})
 		if err != nil {
 			return nil, err
 		}
 		defer pp.Close()
-		rp, err := startProxy("tcp", b.cfg.redisAddr, delay)
+		rp, err := wireproxy.Start(wireproxy.Config{Target: b.cfg.redisAddr, Delay: delay, Raw: true})
 		if err != nil {
 			return nil, err
 		}

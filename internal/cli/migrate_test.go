@@ -3,7 +3,9 @@ package cli_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,15 +18,22 @@ import (
 )
 
 // up, status, down and up again on an empty schema, checking the table each
-// time by using it.
+// time by using it. The migrations are read from pgdedup.Migrations, so adding
+// one does not change this test.
 func TestMigrateLifecycle(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewUnmigrated(t)
 	migrate := func(action string) result { return run(t, "migrate", action, "--database-url", db.URL) }
+	files, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	if err != nil || len(files) < 2 || files[0] != "00001_processed_messages.sql" {
+		t.Fatalf("migrations %v, %v; want 00001_processed_messages.sql first of several", files, err)
+	}
+	version := func(file string) int { v, _ := strconv.Atoi(file[:5]); return v }
+	last := files[len(files)-1]
 
 	r := migrate("status")
 	if r.code != 0 || !regexp.MustCompile(`00001_processed_messages.sql +pending`).MatchString(r.stdout) ||
-		!strings.Contains(r.stdout, "2 pending: run `pgdedup migrate up`") {
+		!strings.Contains(r.stdout, fmt.Sprintf("%d pending: run `pgdedup migrate up`", len(files))) {
 		t.Errorf("status before up: %s", r)
 	}
 	if exists(t, db.Pool, pgdedup.VersionTable) {
@@ -32,13 +41,16 @@ func TestMigrateLifecycle(t *testing.T) {
 	}
 
 	r = migrate("up")
-	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_processed_messages.sql in ") ||
-		!strings.Contains(r.stdout, "applied 00002_idempotency_responses.sql in ") ||
-		!strings.Contains(r.stdout, "now at version 2") {
+	for _, f := range files {
+		if !strings.Contains(r.stdout, "applied "+f+" in ") {
+			t.Errorf("up did not apply %s", f)
+		}
+	}
+	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("now at version %d", version(last))) {
 		t.Errorf("up: %s", r)
 	}
 	usable(t, db.Pool)
-	if r = migrate("up"); r.code != 0 || r.stdout != "already up to date at version 2\n" {
+	if r = migrate("up"); r.code != 0 || r.stdout != fmt.Sprintf("already up to date at version %d\n", version(last)) {
 		t.Errorf("second up: %s", r)
 	}
 	r = migrate("status")
@@ -47,14 +59,18 @@ func TestMigrateLifecycle(t *testing.T) {
 	}
 
 	// down reverts one migration at a time, the newest first.
-	r = migrate("down")
-	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00002_idempotency_responses.sql in ") || !strings.Contains(r.stdout, "now at version 1") {
-		t.Errorf("first down: %s", r)
-	}
-	usable(t, db.Pool)
-	r = migrate("down")
-	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00001_processed_messages.sql in ") || !strings.Contains(r.stdout, "now at version 0") {
-		t.Errorf("second down: %s", r)
+	for i := len(files) - 1; i >= 0; i-- {
+		want := 0
+		if i > 0 {
+			want = version(files[i-1])
+		}
+		r = migrate("down")
+		if r.code != 0 || !strings.Contains(r.stdout, "reverted "+files[i]+" in ") || !strings.Contains(r.stdout, fmt.Sprintf("now at version %d", want)) {
+			t.Errorf("down from %s: %s", files[i], r)
+		}
+		if i > 0 {
+			usable(t, db.Pool)
+		}
 	}
 	if exists(t, db.Pool, "processed_messages") {
 		t.Error("processed_messages still exists after down")

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgdedup/pgdedup"
 )
 
 const statsHelp = `Usage: pgdedup stats [--json] [flags]
@@ -31,22 +31,8 @@ Examples:
 
 // stats is what stats prints; its JSON form is the --json output.
 type stats struct {
-	Table       string          `json:"table"`
-	Now         time.Time       `json:"now"` // the database's clock, which expiry is measured against
-	Rows        int64           `json:"rows"`
-	ExpiredRows int64           `json:"expired_rows"`
-	TableBytes  int64           `json:"table_bytes"`
-	IndexBytes  int64           `json:"index_bytes"`
-	TotalBytes  int64           `json:"total_bytes"`
-	Consumers   []consumerStats `json:"consumers"`
-}
-
-type consumerStats struct {
-	Consumer          string     `json:"consumer"`
-	Rows              int64      `json:"rows"`
-	ExpiredRows       int64      `json:"expired_rows"`
-	OldestProcessedAt time.Time  `json:"oldest_processed_at"`
-	NextExpiry        *time.Time `json:"next_expiry"` // nil when every row has expired
+	Table string `json:"table"`
+	pgdedup.Stats
 }
 
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -75,11 +61,11 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := c.checkTable(ctx, conn, store); err != nil {
 		return c.fail(err)
 	}
-	st, err := readStats(ctx, conn, store.Table())
+	ps, err := store.Stats(ctx)
 	if err != nil {
 		return c.fail(err)
 	}
-	st.Table = c.table
+	st := stats{Table: c.table, Stats: ps}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -90,41 +76,6 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	printStats(stdout, st)
 	return exitOK
-}
-
-// readStats reads everything in one repeatable-read transaction, so that the
-// totals, the consumers and now() agree.
-func readStats(ctx context.Context, conn *pgx.Conn, table string) (st stats, err error) {
-	err = pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `SELECT now(), pg_table_size(r), pg_indexes_size(r), pg_total_relation_size(r)
-FROM to_regclass($1::text) r`, table).Scan(&st.Now, &st.TableBytes, &st.IndexBytes, &st.TotalBytes)
-		if err != nil {
-			return fmt.Errorf("read sizes: %w", err)
-		}
-		rows, _ := tx.Query(ctx, `SELECT consumer, count(*), count(*) FILTER (WHERE expires_at < now()),
-min(processed_at), min(expires_at) FILTER (WHERE expires_at >= now())
-FROM `+table+` GROUP BY consumer ORDER BY consumer`)
-		st.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (cs consumerStats, err error) {
-			err = row.Scan(&cs.Consumer, &cs.Rows, &cs.ExpiredRows, &cs.OldestProcessedAt, &cs.NextExpiry)
-			return cs, err
-		})
-		if err != nil {
-			return fmt.Errorf("read consumers: %w", err)
-		}
-		return nil
-	})
-	st.Now = st.Now.UTC()
-	st.Consumers = append(make([]consumerStats, 0, len(st.Consumers)), st.Consumers...) // [] rather than null in JSON
-	for i := range st.Consumers {
-		cs := &st.Consumers[i]
-		st.Rows += cs.Rows
-		st.ExpiredRows += cs.ExpiredRows
-		cs.OldestProcessedAt = cs.OldestProcessedAt.UTC()
-		if cs.NextExpiry != nil {
-			*cs.NextExpiry = cs.NextExpiry.UTC()
-		}
-	}
-	return st, err
 }
 
 func printStats(w io.Writer, st stats) {

@@ -3,18 +3,16 @@ package faults
 import (
 	"context"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // TestAmbiguousCommit runs concurrent consumers through a proxy that cuts one
@@ -65,20 +63,16 @@ func testAmbiguousCommit(t *testing.T, n, batch int, deliver deliverFunc) {
 	}
 	cleaner := StartCleanerLoad(t, db.Pool)
 
-	proxy, err := NewCommitCutter(hostPort(t, db.URL), func() Cut {
+	proxy, proxied := pgtest.NewProxy(t, db.URL, wireproxy.Config{Decide: func() wireproxy.Cut {
 		switch r := rand.Float64(); {
 		case r < 1.0/6:
-			return CutAfterCommit
+			return wireproxy.CutAfterCommit
 		case r < 2.0/6:
-			return CutBeforeCommit
+			return wireproxy.CutBeforeCommit
 		}
-		return Forward
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	pool := proxiedPool(t, db.URL, proxy.Addr(), workers)
+		return wireproxy.Forward
+	}})
+	pool := pgtest.Pool(t, proxied, workers)
 	var retries atomic.Int64
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "ambiguous", MaxAttempts: 5,
 		OnEvent: func(_ context.Context, e pgdedup.Event) {
@@ -139,38 +133,4 @@ func testAmbiguousCommit(t *testing.T, n, batch int, deliver deliverFunc) {
 	}
 	cleaner.Stop(t)
 	assertStillDuplicates(t, db.Pool, "ambiguous", ids)
-}
-
-// hostPort returns the host:port of a database URL.
-func hostPort(t *testing.T, dbURL string) string {
-	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u.Port() == "" {
-		return net.JoinHostPort(u.Hostname(), "5432")
-	}
-	return u.Host
-}
-
-// proxiedPool is a pool on dbURL that connects through addr instead.
-func proxiedPool(t *testing.T, dbURL, addr string, size int32) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port, _ := net.SplitHostPort(addr)
-	cfg.ConnConfig.Host = host
-	cfg.ConnConfig.Port = uint16(mustAtoi(t, port))
-	cfg.ConnConfig.Fallbacks = nil
-	cfg.ConnConfig.TLSConfig = nil
-	cfg.MaxConns = size
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -81,13 +80,4 @@ func assertStillDuplicates(t *testing.T, pool *pgxpool.Pool, consumer string, id
 	if len(fresh) != 0 {
 		t.Errorf("%d of %d processed IDs are no longer recorded, e.g. %q", len(fresh), len(ids), fresh[0])
 	}
-}
-
-func mustAtoi(t *testing.T, s string) int {
-	t.Helper()
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

@@ -1,0 +1,96 @@
+package pgdedup
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Stats is what the dedup table holds, as read by [Store.Stats]: rows per
+// consumer, how many have expired (the next Cleanup deletes them), and the
+// table's size on disk. Its JSON form is the output of `pgdedup stats --json`.
+type Stats struct {
+	// Now is the database's clock when the rows were counted; expiry is
+	// measured against it.
+	Now         time.Time `json:"now"`
+	Rows        int64     `json:"rows"`         // rows of every consumer
+	ExpiredRows int64     `json:"expired_rows"` // rows whose expires_at has passed
+	TableBytes  int64     `json:"table_bytes"`  // the heap, with its TOAST table and maps (pg_table_size)
+	IndexBytes  int64     `json:"index_bytes"`  // all its indexes (pg_indexes_size)
+	TotalBytes  int64     `json:"total_bytes"`  // table and indexes (pg_total_relation_size)
+	// Consumers has one entry per consumer with rows, ordered by name; it is
+	// empty, not nil, for an empty table.
+	Consumers []ConsumerStats `json:"consumers"`
+}
+
+// ConsumerStats are one consumer's rows in [Stats].
+type ConsumerStats struct {
+	Consumer          string    `json:"consumer"`
+	Rows              int64     `json:"rows"`
+	ExpiredRows       int64     `json:"expired_rows"`
+	OldestProcessedAt time.Time `json:"oldest_processed_at"`
+	// NextExpiry is the earliest expires_at among the rows not yet expired, or
+	// nil when every row has expired.
+	NextExpiry *time.Time `json:"next_expiry"`
+}
+
+// Stats reads the dedup table's rows per consumer, expired rows and size. Like
+// [Store.Cleanup] it covers every consumer in the table, not only the Store's.
+// It counts the whole table (one sequential scan): on tens of millions of rows
+// expect seconds, so read it every minute or so, not per message. Times are in
+// UTC. It needs only SELECT on the table.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	var exists bool
+	err := s.db.QueryRow(ctx, `SELECT now(), r IS NOT NULL,
+coalesce(pg_table_size(r), 0), coalesce(pg_indexes_size(r), 0), coalesce(pg_total_relation_size(r), 0)
+FROM to_regclass($1::text) r`, s.sql.table).Scan(&st.Now, &exists, &st.TableBytes, &st.IndexBytes, &st.TotalBytes)
+	if err != nil {
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.sql.table, err)
+	}
+	if !exists {
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: table not found (run Migrate)", s.sql.table)
+	}
+	l, err := s.layout(ctx, pgxQueryRow(s.db))
+	if err != nil {
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: %w", s.sql.table, err)
+	}
+	if l.citus {
+		// The coordinator's own table is an empty shell: the rows are in the
+		// shards on the workers, which Citus's size functions add up.
+		err := s.db.QueryRow(ctx, `SELECT citus_table_size(r), citus_total_relation_size(r) FROM to_regclass($1::text) r`,
+			s.sql.table).Scan(&st.TableBytes, &st.TotalBytes)
+		if err != nil {
+			return Stats{}, fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.sql.table, withDetail(err))
+		}
+		st.IndexBytes = st.TotalBytes - st.TableBytes
+	}
+	// The first statement's now() is passed on, so that "expired" means the
+	// same instant in both even though they are two statements.
+	rows, _ := s.db.Query(ctx, `SELECT consumer, count(*), count(*) FILTER (WHERE expires_at < $1),
+min(processed_at), min(expires_at) FILTER (WHERE expires_at >= $1)
+FROM `+s.sql.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
+	st.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (cs ConsumerStats, err error) {
+		err = row.Scan(&cs.Consumer, &cs.Rows, &cs.ExpiredRows, &cs.OldestProcessedAt, &cs.NextExpiry)
+		return cs, err
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: read consumers: %w", s.sql.table, err)
+	}
+	st.Now = st.Now.UTC()
+	if st.Consumers == nil {
+		st.Consumers = []ConsumerStats{}
+	}
+	for i := range st.Consumers {
+		cs := &st.Consumers[i]
+		st.Rows += cs.Rows
+		st.ExpiredRows += cs.ExpiredRows
+		cs.OldestProcessedAt = cs.OldestProcessedAt.UTC()
+		if cs.NextExpiry != nil {
+			*cs.NextExpiry = cs.NextExpiry.UTC()
+		}
+	}
+	return st, nil
+}
