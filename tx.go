@@ -63,6 +63,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 	if err := ValidateMessageID(messageID); err != nil {
 		return false, err
 	}
+	if tx == nil {
+		return false, errNilTx
+	}
 	b := &pgx.Batch{}
 	s.queueClaim(b, messageID)
 	return s.readClaim(tx.SendBatch(ctx, b), messageID, false)
@@ -81,6 +84,9 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) 
 	sorted, err := prepareBatch(messageIDs)
 	if err != nil || len(sorted) == 0 {
 		return nil, err
+	}
+	if tx == nil {
+		return nil, errNilTx
 	}
 	b := &pgx.Batch{}
 	s.queueClaimBatch(b, sorted)
