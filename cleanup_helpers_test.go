@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/pgdedup/pgdedup"
@@ -78,4 +79,23 @@ func (l *eventLog) cleanups() []pgdedup.Event {
 		}
 	}
 	return out
+}
+
+// citusBatches reports, on Citus only, whether batches are what Cleanup's
+// windows of expires_at may give there: every batch between 1 and size rows,
+// total rows in all. On plain PostgreSQL it returns false, leaving the exact
+// batch sizes to the caller's check.
+func citusBatches(t testing.TB, batches []int64, size, total int64) bool {
+	t.Helper()
+	if pgtest.CitusColumn() == "" {
+		return false
+	}
+	var sum int64
+	for _, n := range batches {
+		if n < 1 || n > size {
+			return false
+		}
+		sum += n
+	}
+	return sum == total
 }

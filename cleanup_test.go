@@ -54,7 +54,7 @@ func TestCleanupDeletesExactlyTheExpired(t *testing.T) {
 	}
 
 	batches := sink.batches()
-	if len(batches) != 21 {
+	if len(batches) != 21 && !citusBatches(t, batches, 10_000, 200_001) {
 		t.Errorf("deleted in %d batches %v, want 20 of 10000 and 1 of 1", len(batches), batches)
 	}
 	for _, n := range batches {
@@ -92,20 +92,26 @@ func TestCleanupHonorsCtxBetweenBatches(t *testing.T) {
 	pgtest.Seed(t, b.pool, "billing", "old-", 5_500, -time.Hour)
 	pgtest.Seed(t, b.pool, "billing", "live-", 10, time.Hour)
 
-	deleted, err := b.store.Cleanup(ctx)
-	if !errors.Is(err, context.Canceled) || deleted != 1_000 {
-		t.Fatalf("cancelled Cleanup = %d, %v; want 1000, context.Canceled", deleted, err)
+	first := int64(1_000)
+	if pgtest.CitusColumn() != "" {
+		first = 0 // on Citus, the first batch's size depends on how its window adapted
+		sink.onBatch = func(n int64) { first = n; cancel() }
 	}
-	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 4_510 {
-		t.Fatalf("%d rows after the cancelled run, want 4510: the first batch must stay deleted", n)
+	deleted, err := b.store.Cleanup(ctx)
+	if !errors.Is(err, context.Canceled) || deleted != first || first < 1 || first > 1_000 {
+		t.Fatalf("cancelled Cleanup = %d, %v; want one batch of 1000, context.Canceled", deleted, err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 5_510-int(first) {
+		t.Fatalf("%d rows after the cancelled run, want %d: the first batch must stay deleted", n, 5_510-first)
 	}
 
 	sink.onBatch = nil
 	deleted, err = b.store.Cleanup(ctxT(t))
-	if err != nil || deleted != 4_500 {
-		t.Fatalf("Cleanup = %d, %v; want 4500, nil", deleted, err)
+	if err != nil || deleted != 5_500-first {
+		t.Fatalf("Cleanup = %d, %v; want %d, nil", deleted, err, 5_500-first)
 	}
-	if got, want := fmt.Sprint(sink.batches()), "[1000 1000 1000 1000 1000 500]"; got != want {
+	batches := sink.batches()
+	if got, want := fmt.Sprint(batches), "[1000 1000 1000 1000 1000 500]"; got != want && !citusBatches(t, batches, 1_000, 5_500) {
 		t.Errorf("batches %s, want %s", got, want)
 	}
 	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 10 {

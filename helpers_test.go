@@ -32,6 +32,7 @@ func setup(t *testing.T, cfg pgdedup.Config) *bundle {
 		t.Fatal(err)
 	}
 	mustExec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL, consumer text NOT NULL DEFAULT '')`)
+	db.Distribute(t, "charges", "id", false)
 	return &bundle{db: db, pool: db.Pool, store: store}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,11 +109,15 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		`DROP TABLE processed_messages`,
 		`TRUNCATE processed_messages`,
 		`UPDATE processed_messages SET message_id = 'forged'`,
+		`UPDATE processed_messages SET expires_at = 'infinity'`,
 		`CREATE TABLE public.evil (id int)`,
 	} {
 		_, err := pool.Exec(ctx, sql)
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		// Citus refuses to change a distribution column before checking privileges.
+		refused := errors.As(err, &pgErr) && (pgErr.Code == "42501" ||
+			pgErr.Code == "0A000" && pgtest.CitusColumn() == "message_id" && strings.Contains(sql, "SET message_id"))
+		if !refused {
 			t.Errorf("%s as the runtime role: err=%v, want insufficient_privilege (42501)", sql, err)
 		}
 	}
