@@ -11,32 +11,31 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Cleanup deletes the rows whose expires_at has passed, of every consumer in
-// the table (not only the Store's), and returns how many it deleted. It never
+// Cleanup deletes the expired rows (expires_at passed) of every consumer in
+// the table, not only the [Store]'s, and returns how many it deleted. It never
 // deletes a row that has not expired, so an ID stays a duplicate for its whole
-// Retention. One cleaner per database is enough.
+// [Config.Retention]. One cleaner per database is enough.
 //
-// It deletes in transactions of at most Config.CleanupBatchSize rows, each
+// It deletes in transactions of at most [Config.CleanupBatchSize] rows, each
 // committed on its own, until a batch comes back short: no lock is held for
-// long, the WAL is written in small pieces, and an interrupted Cleanup keeps
-// the batches it committed. ctx is checked between batches and also cancels
-// the batch in flight: Cleanup then returns ctx.Err() and the rows deleted by
-// the batches it saw commit (the batch it interrupted may have committed too).
-// Rows committed late by a long transaction with an expires_at behind the
-// run's progress are left to the next run.
+// long, and an interrupted Cleanup keeps the batches it committed. ctx is
+// checked between batches and also cancels the batch in flight: Cleanup then
+// returns ctx.Err() and the rows deleted by the batches it saw commit (the
+// batch it interrupted may have committed too). Rows committed late by a long
+// transaction, with an expires_at behind the run's progress, are left to the
+// next run.
 //
-// Cleanup is safe to run from many processes at once: cleaners of a table take
-// turns through a transaction-scoped advisory lock tried once per batch, so
-// they never wait for each other or deadlock, and a Cleanup that finds another
-// cleaner at work returns and leaves the rest to it. Once every one of a set of
-// concurrent Cleanups has returned without error, no row that had expired
-// before the first of them started is left (except, as above, rows committed
-// late). It never waits on a claim.
-// It holds no session state, so it works behind PgBouncer in transaction
-// pooling mode, and needs only SELECT and DELETE on the table.
+// Any number of Cleanups may run at once, from any process: they never wait
+// for each other or deadlock, never wait on a claim, and one that finds
+// another at work returns and leaves the rest to it. Once every one of a set
+// of concurrent Cleanups has returned without error, no row that had expired
+// before the first of them started is left (except rows committed late, as
+// above). Cleanup keeps nothing in the session, so it works behind PgBouncer
+// in transaction pooling mode, and needs only SELECT and DELETE on the table.
 //
-// Each run is logged (info: rows deleted and duration; each batch at debug
-// level) and reported to Config.OnEvent as an EventCleanup.
+// Each run is logged ([Config.Logger]: info with the rows deleted and the
+// duration, debug for each batch) and reported to [Config.OnEvent] as an
+// [EventCleanup].
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
