@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/idempotency"
@@ -69,4 +70,46 @@ func Example() {
 	// 201 replayed="" {"order":1,"item":"book"}
 	// 201 replayed="true" {"order":1,"item":"book"}
 	// orders: 1
+}
+
+// The error answers point to a page documenting the key's rules, which Docs
+// serves from the Config (draft-ietf-httpapi-idempotency-key-header §2.7).
+func ExampleMiddleware_Docs() {
+	pool, done := pgtest.ForExample()
+	defer done()
+	mw, err := idempotency.New(pool, idempotency.Config{Store: pgdedup.Config{Retention: 24 * time.Hour}})
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Wrap(http.NotFoundHandler()))
+	mux.Handle("GET "+idempotency.DefaultDocsURL, mw.Docs())
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", `"unterminated`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		panic(err)
+	}
+	var problem struct{ Type, Title, Detail string }
+	_ = json.NewDecoder(resp.Body).Decode(&problem)
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, resp.Header.Get("Link"))
+	fmt.Println(problem.Type)
+	fmt.Println(problem.Detail)
+
+	resp, err = http.Get(srv.URL + idempotency.DefaultDocsURL)
+	if err != nil {
+		panic(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(strings.Contains(string(page), "at least 24 hours"))
+	// Output:
+	// 400 </docs/idempotency-key>; rel="describedby"; type="text/html"
+	// /docs/idempotency-key#invalid-key
+	// Invalid Idempotency-Key header: the String has no closing quote.
+	// true
 }

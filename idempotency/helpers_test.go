@@ -102,6 +102,7 @@ func setup(t *testing.T, cfg idempotency.Config, api *chargeAPI) *bundle {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /charges", mw.Wrap(api))
+	mux.Handle("GET "+idempotency.DefaultDocsURL, mw.Docs())
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic test's recovered panic
 	srv.Start()
@@ -161,30 +162,30 @@ func sendWith(c *http.Client, url, key, body string, headers ...string) (reply, 
 	return reply{status: resp.StatusCode, header: resp.Header, body: string(b)}, err
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
-
 func charges(t *testing.T, pool *pgxpool.Pool) int {
-	return count(t, pool, `SELECT count(*) FROM charges`)
+	return pgtest.Count(t, pool, `SELECT count(*) FROM charges`)
 }
 
 // keys returns how many idempotency keys are recorded.
 func keys(t *testing.T, pool *pgxpool.Pool) int {
-	return count(t, pool, `SELECT count(*) FROM processed_messages`)
+	return pgtest.Count(t, pool, `SELECT count(*) FROM processed_messages`)
 }
 
-// isProblem reports whether r is one of the middleware's problem answers.
+// isProblem reports whether r is one of the middleware's problem answers. An
+// answer about the key's use (400, 409, 413, 422) must also point to the
+// documentation (draft §2.7): a problem type in DefaultDocsURL's page and a
+// Link to it with rel="describedby".
 func isProblem(r reply, status int) bool {
 	var p struct {
+		Type   string `json:"type"`
 		Status int    `json:"status"`
 		Detail string `json:"detail"`
 	}
-	return r.status == status && r.header.Get("Content-Type") == idempotency.ProblemContentType &&
+	ok := r.status == status && r.header.Get("Content-Type") == idempotency.ProblemContentType &&
 		json.Unmarshal([]byte(r.body), &p) == nil && p.Status == status && p.Detail != ""
+	if status >= 500 {
+		return ok && p.Type == "about:blank"
+	}
+	return ok && strings.HasPrefix(p.Type, idempotency.DefaultDocsURL+"#") &&
+		r.header.Get("Link") == "<"+idempotency.DefaultDocsURL+`>; rel="describedby"; type="text/html"`
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // validateKey accepts 1 to maxLen bytes of visible ASCII. Spaces are excluded,
-// which also keeps scopedID unambiguous.
+// which keeps scopedID unambiguous; a quoted String may hold one, and gets 400.
 func validateKey(key string, maxLen int) error {
 	if len(key) > maxLen {
 		return fmt.Errorf("%d bytes, longer than %d", len(key), maxLen)
@@ -18,7 +18,10 @@ func validateKey(key string, maxLen int) error {
 		return errors.New("empty")
 	}
 	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
+		switch c := key[i]; {
+		case c == ' ':
+			return fmt.Errorf("it holds a space (at byte %d); this API's keys are visible ASCII without spaces, such as a UUID", i)
+		case c < 0x21 || c > 0x7e:
 			return fmt.Errorf("byte %d is %q; use visible ASCII only (letters, digits, punctuation, no spaces), such as a UUID", i, c)
 		}
 	}

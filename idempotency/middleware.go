@@ -102,6 +102,17 @@ type Config struct {
 	// BodyOmittedHeader. Defaults to 1 MiB.
 	MaxStoredBody int
 
+	// DocsURL is the page documenting this API's idempotency keys: their
+	// format, how long they are kept, and the error answers. The 400, 409, 413
+	// and 422 answers point to it (draft-ietf-httpapi-idempotency-key-header
+	// §2.7): their problem type is DocsURL with the fragment of their section
+	// (#missing-key, #invalid-key, #key-in-flight, #body-too-large,
+	// #key-reused) and they carry Link: <DocsURL>; rel="describedby". Serve the
+	// page with [Middleware.Docs] at that path, or write your own. It must have
+	// no fragment. Defaults to [DefaultDocsURL], a path on the same server,
+	// which clients resolve against the request's URL.
+	DocsURL string
+
 	// ReplayHeaders are the response headers stored and replayed (the first
 	// response carries all the handler's headers). Defaults to Content-Type,
 	// Content-Encoding, Content-Language, Location, ETag, Last-Modified and
@@ -111,13 +122,19 @@ type Config struct {
 
 // Middleware makes handlers idempotent per key. It is safe for concurrent use.
 type Middleware struct {
-	db      DB
-	store   *pgdedup.Store
-	cfg     Config
-	log     *slog.Logger
-	lookup  string // $1 consumer, $2 id
-	respond string // $1 consumer, $2 id, $3 fingerprint, $4 status, $5 headers, $6 body
+	db     DB
+	store  *pgdedup.Store
+	cfg    Config
+	log    *slog.Logger
+	lookup string // $1 consumer, $2 id
+	// customFingerprint is whether Config.Fingerprint was set, for Docs.
+	customFingerprint bool
+	respond           string // $1 consumer, $2 id, $3 fingerprint, $4 status, $5 headers, $6 body
 }
+
+// DefaultDocsURL is Config.DocsURL's default: a path on the server itself, so
+// the documentation needs no other host. Mount [Middleware.Docs] there.
+const DefaultDocsURL = "/docs/idempotency-key"
 
 const (
 	defaultHeader         = "Idempotency-Key"
@@ -141,6 +158,10 @@ func New(db DB, cfg Config) (*Middleware, error) {
 	case cfg.MaxRequestBody < 0 || cfg.MaxStoredBody < 0:
 		return nil, errors.New("idempotency: Config.MaxRequestBody and MaxStoredBody must not be negative")
 	}
+	cfg.DocsURL = cmp.Or(cfg.DocsURL, DefaultDocsURL)
+	if err := validateDocsURL(cfg.DocsURL); err != nil {
+		return nil, fmt.Errorf("idempotency: Config.DocsURL %q: %w", cfg.DocsURL, err)
+	}
 	cfg.Header = http.CanonicalHeaderKey(cmp.Or(cfg.Header, defaultHeader))
 	cfg.MaxKeyLen = cmp.Or(cfg.MaxKeyLen, defaultMaxKeyLen)
 	cfg.MaxRequestBody = cmp.Or(cfg.MaxRequestBody, defaultMaxRequestBody)
@@ -148,7 +169,8 @@ func New(db DB, cfg Config) (*Middleware, error) {
 	if cfg.ReplayHeaders == nil {
 		cfg.ReplayHeaders = defaultReplayHeaders
 	}
-	if cfg.Fingerprint == nil {
+	customFingerprint := cfg.Fingerprint != nil
+	if !customFingerprint {
 		cfg.Fingerprint = defaultFingerprint
 	}
 	cfg.Store.Consumer = cmp.Or(cfg.Store.Consumer, defaultConsumer)
@@ -164,7 +186,7 @@ func New(db DB, cfg Config) (*Middleware, error) {
 	}
 	t := store.Table()
 	return &Middleware{
-		db: db, store: store, cfg: cfg, log: log,
+		db: db, store: store, cfg: cfg, log: log, customFingerprint: customFingerprint,
 		lookup: `SELECT request_fingerprint, response_status, response_headers, response_body FROM ` + t +
 			` WHERE consumer = $1 AND message_id = $2`,
 		respond: `UPDATE ` + t + ` SET request_fingerprint = $3, response_status = $4, response_headers = $5, response_body = $6` +

@@ -55,20 +55,25 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.serveWithoutKey(w, r, next)
 		return
 	case len(keys) == 0:
-		problem(w, http.StatusBadRequest, fmt.Sprintf("This request needs an %s header: a key of your choosing, unique per operation, sent again only when retrying that operation.", m.cfg.Header))
+		m.problem(w, http.StatusBadRequest, missingKey, fmt.Sprintf("This request needs an %s header: a key of your choosing, unique per operation, sent again only when retrying that operation.", m.cfg.Header))
 		return
 	case len(keys) > 1:
-		problem(w, http.StatusBadRequest, fmt.Sprintf("Send exactly one %s header, not %d.", m.cfg.Header, len(keys)))
+		m.problem(w, http.StatusBadRequest, invalidKey, fmt.Sprintf("Send exactly one %s header, not %d.", m.cfg.Header, len(keys)))
 		return
 	}
-	key := keys[0]
-	if err := validateKey(key, m.cfg.MaxKeyLen); err != nil {
-		problem(w, http.StatusBadRequest, fmt.Sprintf("Invalid %s header: %s.", m.cfg.Header, err))
+	key, err := parseKeyHeader(keys[0], m.cfg.MaxKeyLen)
+	if err != nil {
+		m.problem(w, http.StatusBadRequest, invalidKey, fmt.Sprintf("Invalid %s header: %s.", m.cfg.Header, err))
 		return
 	}
 	body, status, detail := readBody(r, m.cfg.MaxRequestBody)
-	if status != 0 {
-		problem(w, status, detail)
+	switch status {
+	case 0:
+	case http.StatusRequestEntityTooLarge:
+		m.problem(w, status, bodyTooLarge, detail)
+		return
+	default:
+		m.problem(w, status, otherProblem, detail)
 		return
 	}
 	id := scopedID(m.cfg.Scope, r, key)
@@ -88,7 +93,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		case errors.Is(err, pgdedup.ErrInFlight):
 			w.Header().Set("Retry-After", "1")
-			problem(w, http.StatusConflict, fmt.Sprintf("A request with this %s is still being processed. Retry it later to get its response.", m.cfg.Header))
+			m.problem(w, http.StatusConflict, keyInFlight, fmt.Sprintf("A request with this %s is still being processed. Retry it later to get its response.", m.cfg.Header))
 			return
 		case err != nil:
 			m.fail(w, r, err)
@@ -105,7 +110,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case !found:
 			continue
 		case !bytes.Equal(stored.fingerprint, fp) || stored.status == 0:
-			problem(w, http.StatusUnprocessableEntity, fmt.Sprintf("This %s was already used for a different request (another method, URL or body). Use a new key for a new request.", m.cfg.Header))
+			m.problem(w, http.StatusUnprocessableEntity, keyReused, fmt.Sprintf("This %s was already used for a different request (another method, URL or body). Use a new key for a new request.", m.cfg.Header))
 			return
 		}
 		stored.send(w, true)
@@ -204,5 +209,5 @@ func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status = http.StatusServiceUnavailable
 		w.Header().Set("Retry-After", "1")
 	}
-	problem(w, status, fmt.Sprintf("The request could not be completed. Retrying it with the same %s is safe.", m.cfg.Header))
+	m.problem(w, status, otherProblem, fmt.Sprintf("The request could not be completed. Retrying it with the same %s is safe.", m.cfg.Header))
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/pgdedup/pgdedup/internal/demo"
+	"github.com/pgdedup/pgdedup/internal/pgserver"
 )
 
 const demoUsage = `Usage: pgdedup demo [flags]
@@ -24,6 +25,12 @@ tables, the orders each recipe charged twice or never: pgdedup's must be 0 and 0
 The demo works in a new schema with a random name, never touching other data,
 and drops it at the end unless --keep. It exits 1 if pgdedup's invariants fail.
 
+The database is --database-url, else DATABASE_URL, else a server on
+localhost:5432 (docker compose up -d starts one), else a throwaway cluster
+started from the local PostgreSQL server binaries (initdb and pg_ctl on the
+PATH or in /usr/lib/postgresql/*/bin and the like) in a temporary directory,
+removed at the end.
+
 Flags:
 `
 
@@ -34,9 +41,27 @@ Examples:
   pgdedup demo --redelivery-rate 0.5 --crash-rate 0.2 --keep
 `
 
-// demoDefaultURL is the database when neither --database-url nor DATABASE_URL
-// is given: the docker-compose service.
-const demoDefaultURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+// demoLocalURL is the server tried when neither --database-url nor
+// DATABASE_URL is given: the docker-compose service. Tests point it elsewhere.
+var demoLocalURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+
+// demoNoServerHint ends the error when no server can be found.
+const demoNoServerHint = "Start one with `docker compose up -d` in pgdedup's repository, pass --database-url " +
+	"or set DATABASE_URL, or install PostgreSQL's server binaries (initdb, pg_ctl; Debian: apt-get install postgresql) " +
+	"for the demo to start a throwaway cluster."
+
+// demoServer returns the URL of the server the demo runs on when no URL was
+// given: the first that works of a server on localhost:5432 and a throwaway
+// cluster from the local binaries, which release stops and removes.
+func demoServer(ctx context.Context, stderr io.Writer) (url string, release func(), err error) {
+	url, name, release, err := pgserver.Choose(ctx, demoNoServerHint,
+		pgserver.Env("DATABASE_URL"), pgserver.Server(demoLocalURL), pgserver.Throwaway())
+	if err != nil {
+		return "", nil, err
+	}
+	fmt.Fprintf(stderr, "pgdedup demo: using %s\n", name)
+	return url, release, nil
+}
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pgdedup demo", flag.ContinueOnError)
@@ -51,7 +76,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&opts.Seed, "seed", 0, "seed of the broker's choices (0: random)")
 	fs.BoolVar(&opts.Keep, "keep", false, "keep the demo's schema for inspection")
 	fs.StringVar(&opts.DatabaseURL, "database-url", "",
-		"PostgreSQL URL (default $DATABASE_URL, else "+demoDefaultURL+")")
+		"PostgreSQL URL (default $DATABASE_URL, else a server on localhost:5432, else a throwaway cluster "+
+			"started from the local PostgreSQL binaries)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, demoUsage)
@@ -67,15 +93,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pgdedup demo: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	if opts.DatabaseURL == "" {
-		opts.DatabaseURL = os.Getenv("DATABASE_URL")
-	}
-	if opts.DatabaseURL == "" {
-		opts.DatabaseURL = demoDefaultURL
-	}
 	if err := opts.Validate(); err != nil {
 		fmt.Fprintf(stderr, "pgdedup demo: %v\n", err)
 		return 2
+	}
+	if opts.DatabaseURL == "" {
+		url, release, err := demoServer(ctx, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "pgdedup demo: %v\n", err)
+			return 1
+		}
+		defer release()
+		opts.DatabaseURL = url
 	}
 	if demoIsTerminal(stderr) {
 		opts.Progress = stderr

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 
@@ -62,6 +64,55 @@ func TestDemoCommandUsage(t *testing.T) {
 		stderr.Reset()
 		if code := Main(context.Background(), args, &stdout, &stderr); code != 2 {
 			t.Errorf("%v: exit code %d, want 2 (stderr: %s)", args, code, stderr.String())
+		}
+	}
+}
+
+// deadURL is a server URL on a port of 127.0.0.1 that nothing listens on.
+func deadURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=5", ln.Addr())
+}
+
+// withNoLocalServer makes the demo find nothing on its usual port and no
+// DATABASE_URL, for one (non-parallel) test.
+func withNoLocalServer(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	old := demoLocalURL
+	demoLocalURL = deadURL(t)
+	t.Cleanup(func() { demoLocalURL = old })
+}
+
+// A first run on a machine where no server runs but the PostgreSQL binaries
+// are installed: the demo starts a throwaway cluster, says so, runs on it and
+// removes it.
+func TestDemoStartsAThrowawayCluster(t *testing.T) {
+	withNoLocalServer(t)
+	var stdout, stderr strings.Builder
+	if code := Main(context.Background(), []string{"demo", "--orders", "50"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit code %d, stderr:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "using a throwaway cluster") || !strings.Contains(stdout.String(), "pgdedup: OK") {
+		t.Errorf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+}
+
+// With no server anywhere, the demo names every place it looked and what to do.
+func TestDemoSaysWhatToDoWithoutAServer(t *testing.T) {
+	withNoLocalServer(t)
+	t.Setenv("PGDEDUP_PG_BIN", t.TempDir()) // no binaries there
+	var stdout, stderr strings.Builder
+	if code := Main(context.Background(), []string{"demo", "--orders", "50"}, &stdout, &stderr); code != 1 {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	for _, want := range []string{"DATABASE_URL: not set", demoLocalURL, "throwaway cluster", "docker compose up -d", "--database-url"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
 		}
 	}
 }

@@ -10,7 +10,7 @@
 //     comparison, through the Redis SET NX recipe (RESP);
 //   - connections cut around COMMIT by a proxy (CommitCutter), so that the
 //     client cannot know whether its commit landed;
-//   - a throwaway PostgreSQL cluster (Cluster) restarted under load;
+//   - a throwaway PostgreSQL cluster (internal/pgserver) restarted under load;
 //   - Cleanup running throughout all of them (CleanerLoad), deleting only
 //     expired rows.
 //

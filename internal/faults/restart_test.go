@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // TestPostgresRestart restarts a throwaway cluster under load, once with
@@ -31,7 +32,7 @@ func TestPostgresRestart(t *testing.T) {
 	const workers = 4
 	n := scaled(1500)
 	ctx := testCtx(t, 90*time.Second)
-	cluster := StartCluster(t)
+	cluster := pgtest.StartCluster(t)
 	cfg, err := pgxpool.ParseConfig(cluster.URL())
 	if err != nil {
 		t.Fatal(err)

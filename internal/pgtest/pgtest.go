@@ -1,10 +1,12 @@
 // Package pgtest gives each test its own freshly migrated schema in a real
 // PostgreSQL database.
 //
-// The database is, in order: TEST_DATABASE_URL if set; else a container from
-// testcontainers' postgres module when a Docker engine answers; else
-// postgres://postgres@localhost:5432/postgres?sslmode=disable. When none
-// answers, the test fails naming all three. It never skips.
+// The database is, in order: TEST_DATABASE_URL if set (then nothing else is
+// tried); else a container from testcontainers' postgres module when a Docker
+// engine answers; else postgres://postgres@localhost:5432/postgres; else a
+// throwaway cluster started from the local PostgreSQL server binaries (see
+// internal/pgserver), stopped when the test binary exits. When none works, the
+// test fails naming them all and what to do. It never skips.
 //
 // With TEST_PGBOUNCER set, TEST_DATABASE_URL is taken to point at PgBouncer in
 // transaction pooling mode, which refuses search_path as a startup parameter:
@@ -16,9 +18,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -31,9 +33,10 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgserver"
 )
 
-// LocalURL is the database tried last, the docker-compose service.
+// LocalURL is the server tried after Docker, the docker-compose service.
 const LocalURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
 
 var (
@@ -52,31 +55,29 @@ func URL(t testing.TB) string {
 	return dbURL
 }
 
+// candidates are the servers tests try, in order (see the package doc).
+var candidates = []pgserver.Candidate{
+	pgserver.Env("TEST_DATABASE_URL"),
+	{Name: "Docker through testcontainers", Open: startContainer},
+	pgserver.Server(LocalURL),
+	pgserver.Throwaway(),
+}
+
+// noServerHint ends the error when no candidate works.
+const noServerHint = "Start one with `docker compose up -d` in the repository, set TEST_DATABASE_URL " +
+	"to a server's URL, or install PostgreSQL's server binaries (Debian: apt-get install postgresql)."
+
+// resolve chooses the server. A throwaway cluster is stopped by its watchdog
+// when the test binary exits: no test hook runs at exit.
 func resolve() (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		if err := ping(ctx, u); err != nil {
-			return "", fmt.Errorf("pgtest: TEST_DATABASE_URL does not answer: %w", err)
-		}
-		return u, nil
+	u, _, _, err := pgserver.Choose(ctx, noServerHint, candidates...)
+	if err != nil {
+		return "", fmt.Errorf("pgtest: %w", err)
 	}
-	tcErr := errNoDocker
-	if dockerAnswers(ctx) {
-		var u string
-		if u, tcErr = startContainer(ctx); tcErr == nil {
-			return u, nil
-		}
-	}
-	localErr := ping(ctx, LocalURL)
-	if localErr == nil {
-		return LocalURL, nil
-	}
-	return "", fmt.Errorf("pgtest: no PostgreSQL for tests: set TEST_DATABASE_URL (unset), "+
-		"or run a Docker engine for testcontainers (%v), or start Postgres at %s (%v)", tcErr, LocalURL, localErr)
+	return u, nil
 }
-
-var errNoDocker = fmt.Errorf("no Docker engine answers")
 
 func dockerAnswers(ctx context.Context) (ok bool) {
 	defer func() {
@@ -94,9 +95,12 @@ func dockerAnswers(ctx context.Context) (ok bool) {
 	return p.Health(hctx) == nil
 }
 
-// startContainer starts postgres:17-alpine. Ryuk, testcontainers' reaper,
-// removes it when the test binary exits.
-func startContainer(ctx context.Context) (string, error) {
+// startContainer starts postgres:17-alpine when a Docker engine answers.
+// Ryuk, testcontainers' reaper, removes it when the test binary exits.
+func startContainer(ctx context.Context) (string, func(), error) {
+	if !dockerAnswers(ctx) {
+		return "", nil, errors.New("no Docker engine answers")
+	}
 	c, err := tcpostgres.Run(ctx, "postgres:17-alpine",
 		tcpostgres.WithDatabase("pgdedup"),
 		tcpostgres.WithUsername("postgres"),
@@ -104,20 +108,10 @@ func startContainer(ctx context.Context) (string, error) {
 		tcpostgres.BasicWaitStrategies(),
 	)
 	if err != nil {
-		return "", fmt.Errorf("testcontainers: %w", err)
+		return "", nil, fmt.Errorf("testcontainers: %w", err)
 	}
-	return c.ConnectionString(ctx, "sslmode=disable")
-}
-
-func ping(ctx context.Context, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	return conn.Ping(ctx)
+	u, err := c.ConnectionString(ctx, "sslmode=disable")
+	return u, nil, err
 }
 
 // DB is a test's database: a pool whose connections use the test's own
@@ -145,6 +139,9 @@ func New(t testing.TB) *DB {
 	defer cancel()
 	if err := pgdedup.Migrate(ctx, sqlDB); err != nil {
 		t.Fatalf("pgtest: migrate %s: %v", db.Schema, err)
+	}
+	if col := CitusColumn(); col != "" {
+		db.Distribute(t, "processed_messages", col, false)
 	}
 	return db
 }

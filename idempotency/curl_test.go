@@ -1,0 +1,138 @@
+package idempotency_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/idempotency"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// TestDocsCurlExamples runs each curl command of docs/http-and-sql.md, as
+// written there, against the server that page shows, and checks the status
+// (and "replayed") its comment announces. Needs curl on PATH.
+func TestDocsCurlExamples(t *testing.T) {
+	t.Parallel()
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("curl is not installed; .ci/run installs it")
+		}
+		t.Skip("curl is not installed")
+	}
+	commands := docsCurlCommands(t, "../docs/http-and-sql.md")
+	if len(commands) < 6 {
+		t.Fatalf("found %d curl commands in the docs, want the page's 7", len(commands))
+	}
+	srv, pool := ordersServer(t)
+	host := strings.TrimPrefix(srv.URL, "http://")
+
+	status := regexp.MustCompile(`^HTTP/1\.1 (\d{3})`)
+	for _, c := range commands {
+		line := strings.ReplaceAll(c.line, "localhost:8080", host)
+		out, err := exec.Command("sh", "-c", strings.Replace(line, "curl", curl, 1)).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+		m := status.FindSubmatch(out)
+		replayed := strings.Contains(strings.ToLower(string(out)), "\nidempotent-replayed: true")
+		if m == nil || string(m[1]) != c.status || replayed != c.replayed {
+			t.Errorf("%s\nthe docs say %s (replayed %v); curl got:\n%s", c.line, c.status, c.replayed, out)
+		}
+		if c.status != "200" && c.status != "201" && !strings.Contains(string(out), `rel="describedby"`) {
+			t.Errorf("%s: the error answer has no Link to the docs:\n%s", c.line, out)
+		}
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders, want the one book", n)
+	}
+}
+
+type curlCommand struct {
+	line, status string
+	replayed     bool
+}
+
+// docsCurlCommands returns the curl lines of the markdown file at path, each
+// with the status its "# NNN" comment announces.
+func docsCurlCommands(t *testing.T, path string) []curlCommand {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	comment := regexp.MustCompile(`\s+# (\d{3})\b(.*)$`)
+	var cmds []curlCommand
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "curl ") {
+			continue
+		}
+		m := comment.FindStringSubmatchIndex(line)
+		if m == nil {
+			t.Fatalf("docs: a curl line without a '# status' comment: %s", line)
+		}
+		cmds = append(cmds, curlCommand{
+			line:     line[:m[0]],
+			status:   line[m[2]:m[3]],
+			replayed: strings.Contains(line[m[4]:m[5]], "replayed"),
+		})
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return cmds
+}
+
+// ordersServer is the orders-api of docs/http-and-sql.md, on a test schema.
+func ordersServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
+	t.Helper()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idempotency.New(db.Pool, idempotency.Config{
+		Store: pgdedup.Config{Consumer: "orders-api"},
+		Scope: func(r *http.Request) string { return r.Header.Get("X-User") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in struct{ Item string }
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Item == "" {
+			http.Error(w, `want {"item": "..."}`, http.StatusBadRequest)
+			return
+		}
+		var id int64
+		err := idempotency.Tx(r.Context()).QueryRow(r.Context(), `INSERT INTO orders (item) VALUES ($1) RETURNING id`, in.Item).Scan(&id)
+		if err != nil {
+			http.Error(w, "try again", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", id))
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": id, "item": in.Item})
+	})))
+	mux.Handle("GET "+idempotency.DefaultDocsURL, mw.Docs())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, db.Pool
+}
