@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
@@ -158,17 +157,14 @@ func (g *cleanupGates) cleaner(t *testing.T, who string, cfg pgdedup.Config) *pg
 }
 
 // role creates a role that finds the gated lock try first and may only SELECT
-// and DELETE (and read the gates, and record premature deletes: see
-// watchPremature), and returns its name and a URL logging in as it.
+// and DELETE (and read the gates), and returns its name and a URL logging in
+// as it.
 func (g *cleanupGates) role(t *testing.T) (name, url string) {
 	t.Helper()
 	name, url = g.b.db.NewRole(t)
 	mustExec(t, g.b.pool, `ALTER ROLE `+name+` SET search_path = `+g.b.db.Schema+`, pg_catalog`)
 	mustExec(t, g.b.pool, `GRANT SELECT, DELETE ON processed_messages TO `+name)
 	mustExec(t, g.b.pool, `GRANT SELECT ON cleanup_gates TO `+name)
-	if pgtest.Count(t, g.b.pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'cleanup_premature'`, g.b.db.Schema) > 0 {
-		mustExec(t, g.b.pool, `GRANT INSERT ON cleanup_premature TO `+name)
-	}
 	return name, url
 }
 
@@ -218,20 +214,4 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2`, cle
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// watchPremature records, in the table cleanup_premature, every row of
-// processed_messages deleted before its expires_at (by the deleting
-// transaction's clock, the one the DELETE compares with).
-func watchPremature(t *testing.T, pool *pgxpool.Pool) {
-	t.Helper()
-	mustExec(t, pool, `CREATE TABLE cleanup_premature (consumer text, message_id text, expires_at timestamptz, deleted_at timestamptz)`)
-	mustExec(t, pool, `CREATE FUNCTION cleanup_premature() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-	IF OLD.expires_at >= now() THEN
-		INSERT INTO cleanup_premature VALUES (OLD.consumer, OLD.message_id, OLD.expires_at, now());
-	END IF;
-	RETURN OLD;
-END $$`)
-	mustExec(t, pool, `CREATE TRIGGER cleanup_premature AFTER DELETE ON processed_messages FOR EACH ROW EXECUTE FUNCTION cleanup_premature()`)
 }

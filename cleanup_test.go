@@ -126,8 +126,8 @@ func TestCleanupHonorsCtxBetweenBatches(t *testing.T) {
 // A batch's two statements (take the turn, delete) are one round trip and one
 // implicit transaction in each of pgx's query modes, the simple protocol too:
 // Cleanup deletes every expired row, in one round trip per batch once its
-// statements are prepared, and leaves on its connection neither the turn nor
-// its lock. Behind PgBouncer (TEST_PGBOUNCER) the modes that prepare
+// statements are prepared (on plain PostgreSQL), and leaves on its connection
+// neither the turn nor its lock. Behind PgBouncer (TEST_PGBOUNCER) the modes that prepare
 // statements are left out: PgBouncer < 1.21 cannot run them.
 func TestCleanupInEveryQueryMode(t *testing.T) {
 	t.Parallel()
@@ -164,7 +164,8 @@ func TestCleanupInEveryQueryMode(t *testing.T) {
 			if mode == pgx.QueryExecModeDescribeExec {
 				want = 6 // it describes the statements first, for every query
 			}
-			if rt := proxy.RoundTrips() - before; run == 1 && rt != want {
+			// On Citus, Cleanup deletes by windows of expires_at (cleanup_citus.go).
+			if rt := proxy.RoundTrips() - before; run == 1 && rt != want && pgtest.CitusColumn() == "" {
 				t.Errorf("%s: Cleanup of 3 batches took %d round trips, want %d", mode, rt, want)
 			}
 		}
