@@ -1,173 +1,127 @@
 package pgdedup_test
 
 import (
-	"bytes"
-	"context"
 	"errors"
-	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-func TestProcessNewThenDuplicate(t *testing.T) {
+// Table names come from configuration, which an attacker may influence: New
+// refuses anything but plain identifiers, so nothing can reach the SQL text.
+func TestNewRejectsInjectedTableNames(t *testing.T) {
 	t.Parallel()
-	var logs bytes.Buffer
-	b := setup(t, pgdedup.Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	ctx := ctxT(t)
-
-	processed, err := b.store.Process(ctx, "msg-1", charge("order-1"))
-	if err != nil || !processed {
-		t.Fatalf("first delivery: processed=%v err=%v, want true, nil", processed, err)
-	}
-	calls := 0
-	processed, err = b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
-		calls++
-		return charge("order-1")(ctx, tx)
-	})
-	if err != nil || processed || calls != 0 {
-		t.Fatalf("duplicate: processed=%v err=%v fn calls=%d, want false, nil, 0", processed, err, calls)
-	}
-	if got := chargesPerOrder(t, b.pool); got["order-1"] != 1 {
-		t.Fatalf("order-1 charged %d times, want 1", got["order-1"])
-	}
-	if !recorded(t, b.pool, "billing", "msg-1") {
-		t.Fatal("msg-1 not recorded")
-	}
-	if !strings.Contains(logs.String(), "skipped duplicate") || !strings.Contains(logs.String(), "msg-1") {
-		t.Fatalf("duplicate not logged; log:\n%s", logs.String())
-	}
-	if n := acquiredConns(b.pool); n != 0 {
-		t.Fatalf("%d connections still acquired", n)
-	}
-}
-
-func TestProcessRecordsExpiry(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pgdedup.Config{Retention: 90 * time.Minute})
-	ctx := ctxT(t)
-	if _, err := b.store.Process(ctx, "m", charge("o")); err != nil {
-		t.Fatal(err)
-	}
-	var secs float64
-	err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - processed_at) FROM processed_messages WHERE message_id = 'm'`).Scan(&secs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if secs != 90*60 {
-		t.Fatalf("expires_at - processed_at = %vs, want 5400s (Retention)", secs)
-	}
-}
-
-func TestConsumersAreIndependent(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pgdedup.Config{Consumer: "billing"})
-	ctx := ctxT(t)
-	emails, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "emails"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []*pgdedup.Store{b.store, emails, b.store, emails} {
-		if _, err := s.Process(ctx, "msg-1", charge("order-"+s.Consumer())); err != nil {
-			t.Fatal(err)
+	b := setup(t, pgdedup.Config{})
+	for _, table := range []string{
+		`processed_messages; DROP TABLE charges`,
+		`processed_messages"; DROP TABLE charges; --`,
+		`"processed_messages"`,
+		`processed_messages--`,
+		`processed messages`,
+		`a.b.c`,
+		`.processed_messages`,
+		`processed_messages.`,
+		`1processed_messages`,
+		`processed_messages/**/`,
+		"processed_messages\x00",
+		"processed_messages\n",
+		`pröcessed_messages`,
+		strings.Repeat("a", 64),
+	} {
+		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: table})
+		if err == nil || store != nil {
+			t.Errorf("New with Table %q: err=%v, want an error", table, err)
 		}
 	}
-	got := chargesPerOrder(t, b.pool)
-	if got["order-billing"] != 1 || got["order-emails"] != 1 {
-		t.Fatalf("charges %v, want one per consumer", got)
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
+		t.Fatalf("charges has %d rows, want the table intact and empty", n)
 	}
 }
 
-func TestProcessFnErrorRollsBack(t *testing.T) {
+// Accepted table names are quoted, so case is kept and a name that looks like
+// SQL is only ever a name.
+func TestTableNamesAreQuoted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	errDeclined := errors.New("card declined")
-	processed, err := b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
-		if err := charge("order-1")(ctx, tx); err != nil {
-			return err
+	mustExec(t, b.pool, `CREATE TABLE "Select$" (LIKE processed_messages INCLUDING ALL)`)
+	for _, table := range []string{"Select$", b.db.Schema + ".Select$"} {
+		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: table})
+		if err != nil {
+			t.Fatalf("New with Table %q: %v", table, err)
 		}
-		return fmt.Errorf("charging: %w", errDeclined)
-	})
-	if !errors.Is(err, errDeclined) || processed {
-		t.Fatalf("processed=%v err=%v, want false and the fn's error", processed, err)
+		if _, err := store.Process(ctx, "m-"+table, charge("o")); err != nil {
+			t.Fatalf("Process with Table %q: %v", table, err)
+		}
 	}
-	if recorded(t, b.pool, "billing", "msg-1") || len(chargesPerOrder(t, b.pool)) != 0 {
-		t.Fatal("a failed fn left the ID or the charge behind")
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM "Select$"`); n != 2 {
+		t.Fatalf(`"Select$" has %d rows, want 2`, n)
 	}
-	// The redelivery is processed.
-	processed, err = b.store.Process(ctx, "msg-1", charge("order-1"))
-	if err != nil || !processed {
-		t.Fatalf("redelivery: processed=%v err=%v", processed, err)
-	}
-	if got := chargesPerOrder(t, b.pool)["order-1"]; got != 1 {
-		t.Fatalf("order-1 charged %d times, want 1", got)
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("processed_messages has %d rows, want 0", n)
 	}
 }
 
-func TestProcessFnPanicRollsBack(t *testing.T) {
+// Consumer names and message IDs are bound parameters: SQL in them is stored
+// byte for byte, harms nothing, and matches no other consumer's rows.
+func TestConsumerAndIDsAreNotSQL(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	func() {
-		defer func() {
-			if r := recover(); r != "boom" {
-				t.Fatalf("recovered %v, want the fn's panic", r)
+	if _, err := b.store.Process(ctx, "m1", charge("o-billing")); err != nil {
+		t.Fatal(err)
+	}
+	hostile := []string{
+		`x'); DROP TABLE charges; --`,
+		`billing' OR '1'='1`,
+		`billing'--`,
+		`"; DROP SCHEMA public CASCADE; --`,
+		`$1`,
+		`\'; DELETE FROM processed_messages; --`,
+		`E'\x27'`,
+		"billing\u2019 OR 1=1",
+	}
+	for _, consumer := range hostile {
+		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: consumer})
+		if err != nil {
+			t.Fatalf("New with Consumer %q: %v", consumer, err)
+		}
+		for _, id := range append([]string{"m1"}, hostile...) {
+			processed, err := store.Process(ctx, id, charge("o-hostile"))
+			if err != nil || !processed {
+				t.Fatalf("consumer %q, ID %q: processed=%v err=%v, want true, nil", consumer, id, processed, err)
 			}
-		}()
-		_, _ = b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
-			if err := charge("order-1")(ctx, tx); err != nil {
-				return err
+			if !recorded(t, b.pool, consumer, id) {
+				t.Fatalf("consumer %q, ID %q not recorded verbatim", consumer, id)
 			}
-			panic("boom")
-		})
-	}()
-	if recorded(t, b.pool, "billing", "msg-1") || len(chargesPerOrder(t, b.pool)) != 0 {
-		t.Fatal("a panicking fn left the ID or the charge behind")
+		}
 	}
-	if n := acquiredConns(b.pool); n != 0 {
-		t.Fatalf("panic leaked %d connections", n)
+	want := len(hostile) * (len(hostile) + 1)
+	if got := chargesPerOrder(t, b.pool); got["o-hostile"] != want || got["o-billing"] != 1 {
+		t.Fatalf("charges per order %v, want o-hostile %d times and o-billing once", got, want)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
+		t.Fatalf("%d IDs recorded, want %d", n, want+1)
+	}
+	if _, err := b.store.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
+		t.Fatalf("Cleanup left %d IDs of unexpired %d", n, want+1)
 	}
 }
 
-var (
-	_ pgdedup.DB = (*pgxpool.Pool)(nil)
-	_ pgdedup.DB = (*pgx.Conn)(nil)
-)
-
-// A single *pgx.Conn works as the Store's DB too (used from one goroutine).
-func TestProcessOnConn(t *testing.T) {
+// Consumer names that Postgres text cannot hold are refused by New, like IDs.
+func TestNewRejectsUnstorableConsumers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	ctx := ctxT(t)
-	conn, err := pgx.Connect(ctx, b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	store, err := pgdedup.New(conn, pgdedup.Config{Consumer: "billing", LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, want := range []bool{true, false} {
-		if ok, err := store.Process(ctx, "m", charge("o")); ok != want || err != nil {
-			t.Fatalf("Process #%d = %v, %v; want %v", i+1, ok, err, want)
+	for _, consumer := range []string{"a\x00b", "\xff\xfe", "caf\xc3"} {
+		if _, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: consumer}); err == nil {
+			t.Errorf("New with Consumer %q: no error", consumer)
+		} else if errors.Is(err, pgdedup.ErrInvalidMessageID) {
+			t.Errorf("New with Consumer %q: %v, want a Config error, not ErrInvalidMessageID", consumer, err)
 		}
-	}
-	errBoom := errors.New("boom")
-	if _, err := store.Process(ctx, "n", func(context.Context, pgx.Tx) error { return errBoom }); !errors.Is(err, errBoom) {
-		t.Fatal(err)
-	}
-	if conn.PgConn().TxStatus() != 'I' {
-		t.Fatalf("connection left in transaction status %q", conn.PgConn().TxStatus())
-	}
-	if got := chargesPerOrder(t, b.pool); got["o"] != 1 || len(got) != 1 {
-		t.Fatalf("charges %v", got)
 	}
 }
