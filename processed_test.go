@@ -2,43 +2,16 @@ package pgdedup_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
-
-// Table names come from configuration, which an attacker may influence: New
-// refuses anything but plain identifiers, so nothing can reach the SQL text.
-func TestNewRejectsInjectedTableNames(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pgdedup.Config{})
-	for _, table := range []string{
-		`processed_messages; DROP TABLE charges`,
-		`processed_messages"; DROP TABLE charges; --`,
-		`"processed_messages"`,
-		`processed_messages--`,
-		`processed messages`,
-		`a.b.c`,
-		`.processed_messages`,
-		`processed_messages.`,
-		`1processed_messages`,
-		`processed_messages/**/`,
-		"processed_messages\x00",
-		"processed_messages\n",
-		`pröcessed_messages`,
-		strings.Repeat("a", 64),
-	} {
-		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: table})
-		if err == nil || store != nil {
-			t.Errorf("New with Table %q: err=%v, want an error", table, err)
-		}
-	}
-	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
-		t.Fatalf("charges has %d rows, want the table intact and empty", n)
-	}
-}
 
 // Accepted table names are quoted, so case is kept and a name that looks like
 // SQL is only ever a name.
@@ -64,64 +37,111 @@ func TestTableNamesAreQuoted(t *testing.T) {
 	}
 }
 
-// Consumer names and message IDs are bound parameters: SQL in them is stored
-// byte for byte, harms nothing, and matches no other consumer's rows.
-func TestConsumerAndIDsAreNotSQL(t *testing.T) {
+func TestConsumersAreIndependent(t *testing.T) {
 	t.Parallel()
-	b := setup(t, pgdedup.Config{})
+	b := setup(t, pgdedup.Config{Consumer: "billing"})
 	ctx := ctxT(t)
-	if _, err := b.store.Process(ctx, "m1", charge("o-billing")); err != nil {
+	emails, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "emails"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	hostile := []string{
-		`x'); DROP TABLE charges; --`,
-		`billing' OR '1'='1`,
-		`billing'--`,
-		`"; DROP SCHEMA public CASCADE; --`,
-		`$1`,
-		`\'; DELETE FROM processed_messages; --`,
-		`E'\x27'`,
-		"billing\u2019 OR 1=1",
-	}
-	for _, consumer := range hostile {
-		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: consumer})
-		if err != nil {
-			t.Fatalf("New with Consumer %q: %v", consumer, err)
-		}
-		for _, id := range append([]string{"m1"}, hostile...) {
-			processed, err := store.Process(ctx, id, charge("o-hostile"))
-			if err != nil || !processed {
-				t.Fatalf("consumer %q, ID %q: processed=%v err=%v, want true, nil", consumer, id, processed, err)
-			}
-			if !recorded(t, b.pool, consumer, id) {
-				t.Fatalf("consumer %q, ID %q not recorded verbatim", consumer, id)
-			}
+	for _, s := range []*pgdedup.Store{b.store, emails, b.store, emails} {
+		if _, err := s.Process(ctx, "msg-1", charge("order-"+s.Consumer())); err != nil {
+			t.Fatal(err)
 		}
 	}
-	want := len(hostile) * (len(hostile) + 1)
-	if got := chargesPerOrder(t, b.pool); got["o-hostile"] != want || got["o-billing"] != 1 {
-		t.Fatalf("charges per order %v, want o-hostile %d times and o-billing once", got, want)
-	}
-	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
-		t.Fatalf("%d IDs recorded, want %d", n, want+1)
-	}
-	if _, err := b.store.Cleanup(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
-		t.Fatalf("Cleanup left %d IDs of unexpired %d", n, want+1)
+	got := chargesPerOrder(t, b.pool)
+	if got["order-billing"] != 1 || got["order-emails"] != 1 {
+		t.Fatalf("charges %v, want one per consumer", got)
 	}
 }
 
-// Consumer names that Postgres text cannot hold are refused by New, like IDs.
-func TestNewRejectsUnstorableConsumers(t *testing.T) {
+var (
+	_ pgdedup.DB = (*pgxpool.Pool)(nil)
+	_ pgdedup.DB = (*pgx.Conn)(nil)
+)
+
+// New rejects a bad Config before touching the database with a *ConfigError
+// naming the field, and Validate says the same without a database. Table
+// names come from configuration, which an attacker may influence: anything but
+// plain identifiers is refused, so nothing can reach the SQL text. Consumer
+// names that Postgres text cannot hold are refused like IDs, but as a Config
+// error. Zero values are not errors: they take the defaults.
+func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	for _, consumer := range []string{"a\x00b", "\xff\xfe", "caf\xc3"} {
-		if _, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: consumer}); err == nil {
-			t.Errorf("New with Consumer %q: no error", consumer)
-		} else if errors.Is(err, pgdedup.ErrInvalidMessageID) {
-			t.Errorf("New with Consumer %q: %v, want a Config error, not ErrInvalidMessageID", consumer, err)
+	type bad struct {
+		cfg   pgdedup.Config
+		field string
+	}
+	cases := map[string]bad{
+		"no consumer":            {pgdedup.Config{}, "Consumer"},
+		"consumer NUL":           {pgdedup.Config{Consumer: "a\x00b"}, "Consumer"},
+		"consumer not UTF-8":     {pgdedup.Config{Consumer: "\xff\xfe"}, "Consumer"},
+		"consumer truncated":     {pgdedup.Config{Consumer: "caf\xc3"}, "Consumer"},
+		"offset table":           {pgdedup.Config{Consumer: "c", OffsetTable: "a.b.c"}, "OffsetTable"},
+		"negative retention":     {pgdedup.Config{Consumer: "c", Retention: -time.Hour}, "Retention"},
+		"negative lock timeout":  {pgdedup.Config{Consumer: "c", LockTimeout: -time.Second}, "LockTimeout"},
+		"negative attempts":      {pgdedup.Config{Consumer: "c", MaxAttempts: -1}, "MaxAttempts"},
+		"negative cleanup batch": {pgdedup.Config{Consumer: "c", CleanupBatchSize: -5}, "CleanupBatchSize"},
+		"read-only transactions": {pgdedup.Config{Consumer: "c", TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}, "TxOptions"},
+	}
+	for _, table := range []string{
+		`processed_messages; DROP TABLE charges`,
+		`processed_messages"; DROP TABLE charges; --`,
+		`"processed_messages"`,
+		`x"y`,
+		`processed_messages--`,
+		`processed messages`,
+		`a.b.c`,
+		`.processed_messages`,
+		`processed_messages.`,
+		`public.`,
+		`1processed_messages`,
+		`processed_messages/**/`,
+		"processed_messages\x00",
+		"processed_messages\n",
+		`pröcessed_messages`,
+		strings.Repeat("t", 64),
+	} {
+		cases["table "+table] = bad{pgdedup.Config{Consumer: "c", Table: table}, "Table"}
+	}
+	for name, c := range cases {
+		store, err := pgdedup.New(b.pool, c.cfg)
+		var ce *pgdedup.ConfigError
+		if store != nil || !errors.As(err, &ce) || ce.Field != c.field || !strings.HasPrefix(err.Error(), "pgdedup: Config."+c.field+" ") {
+			t.Errorf("%q: New returned %v, want a ConfigError for %s", name, err, c.field)
 		}
+		if errors.Is(err, pgdedup.ErrInvalidMessageID) {
+			t.Errorf("%q: New returned %v, want a Config error, not ErrInvalidMessageID", name, err)
+		}
+		if verr := c.cfg.Validate(); verr == nil || verr.Error() != fmt.Sprint(err) {
+			t.Errorf("%q: Validate returned %v, New %v", name, verr, err)
+		}
+	}
+	if err := (pgdedup.Config{Consumer: "c"}).Validate(); err != nil {
+		t.Errorf("the zero values of a Config with a consumer: %v", err)
+	}
+	if _, err := pgdedup.New(nil, pgdedup.Config{Consumer: "c"}); err == nil {
+		t.Error("New accepted a nil DB")
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
+		t.Fatal("charges touched")
+	}
+}
+
+func TestSchemaQualifiedTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: b.db.Schema + ".processed_messages"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := store.Process(ctx, "m", charge("m")); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if !recorded(t, b.pool, "billing", "m") {
+		t.Fatal("not recorded in the qualified table")
 	}
 }
