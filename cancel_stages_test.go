@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // cancelStage is one point where TestCancellationLeavesNothingOpen cancels:
@@ -29,7 +30,7 @@ var cancelStages = []cancelStage{
 	}, errIs(context.Canceled)},
 
 	{"waiting-for-in-flight-claim", func(ctx context.Context, cancel func(), l *leakBundle, t *testing.T, id string) error {
-		defer holdClaimOutside(t, l, id)()
+		defer pgtest.HoldClaim(t, l.bundle.pool, l.bundle.store, id).Rollback(context.Background()) //nolint:errcheck
 		l.cancelWhen(t, "%INSERT INTO%", "transactionid", cancel)
 		_, err := l.store.Process(ctx, id, mustNotRun(t))
 		return err
@@ -114,7 +115,7 @@ var cancelStages = []cancelStage{
 	}, isCanceled},
 
 	{"claim-in-caller-tx-waiting", func(ctx context.Context, cancel func(), l *leakBundle, t *testing.T, id string) error {
-		defer holdClaimOutside(t, l, id)()
+		defer pgtest.HoldClaim(t, l.bundle.pool, l.bundle.store, id).Rollback(context.Background()) //nolint:errcheck
 		l.cancelWhen(t, "%INSERT INTO%", "transactionid", cancel)
 		return l.forTx(ctx, func(tx pgx.Tx) error {
 			if _, err := l.store.Claim(ctx, tx, id); err != nil {
@@ -153,19 +154,4 @@ func mustNotRun(t *testing.T) func(context.Context, pgx.Tx) error {
 		t.Error("fn ran")
 		return nil
 	}
-}
-
-// holdClaimOutside claims id in a transaction outside l's pool, so that a claim of
-// id from l's pool waits; the returned func rolls it back.
-func holdClaimOutside(t *testing.T, l *leakBundle, id string) func() {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := l.bundle.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if claimed, err := l.bundle.store.Claim(ctx, tx, id); err != nil || !claimed {
-		t.Fatalf("holding %s: claimed=%v err=%v", id, claimed, err)
-	}
-	return func() { _ = tx.Rollback(ctx) }
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 func TestClaimDuplicateKeepsTxUsable(t *testing.T) {
@@ -75,7 +76,7 @@ func TestClaimWithLockTimeoutRestoresSetting(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{LockTimeout: 50 * time.Millisecond})
 	ctx := ctxT(t)
-	first := holdClaim(t, b, "busy")
+	first := pgtest.HoldClaim(t, b.pool, b.store, "busy")
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '7s'`); err != nil {
 			return err
@@ -121,7 +122,7 @@ func TestClaimBatch(t *testing.T) {
 	if want := []string{"z", "a", "m"}; !slices.Equal(fresh, want) {
 		t.Fatalf("fresh = %q, want %q (new IDs, input order, each once)", fresh, want)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 4 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 4 {
 		t.Fatalf("%d rows recorded, want 4", n)
 	}
 	if fresh, err := b.store.ClaimBatch(ctx, nilTx(t, b), nil); err != nil || fresh != nil {
@@ -147,39 +148,28 @@ func TestClaimBatchOverlappingNoDeadlock(t *testing.T) {
 	const workers, batches, size, space = 8, 30, 50, 400
 	var mu sync.Mutex
 	freshCount := map[string]int{}
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range batches {
-				ids := make([]string, size)
-				for i := range ids {
-					ids[i] = fmt.Sprint("m", rand.IntN(space))
-				}
-				fresh, err := b.store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
-					time.Sleep(time.Millisecond) // hold the row locks a little
-					_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) SELECT unnest($1::text[])`, fresh)
-					return err
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				for _, id := range fresh {
-					freshCount[id]++
-				}
-				mu.Unlock()
+	pgtest.FanOut(t, workers, func(int) error {
+		for range batches {
+			ids := make([]string, size)
+			for i := range ids {
+				ids[i] = fmt.Sprint("m", rand.IntN(space))
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+			fresh, err := b.store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+				time.Sleep(time.Millisecond) // hold the row locks a little
+				_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) SELECT unnest($1::text[])`, fresh)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			for _, id := range fresh {
+				freshCount[id]++
+			}
+			mu.Unlock()
+		}
+		return nil
+	})
 	for id, n := range chargesPerOrder(t, b.pool) {
 		if n != 1 || freshCount[id] != 1 {
 			t.Fatalf("%s charged %d times, reported fresh %d times", id, n, freshCount[id])

@@ -36,6 +36,13 @@ import (
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
+	l, err := s.layout(ctx, pgxQueryRow(s.db))
+	if err != nil {
+		return 0, s.cleanupError(ctx, err)
+	}
+	if l.citus {
+		return s.cleanupCitus(ctx)
+	}
 	sql := s.cleanupSQL()
 	batch := int64(s.cfg.CleanupBatchSize)
 	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
@@ -50,7 +57,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return deleted, ctxErr
 			}
-			return deleted, fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, err)
+			return deleted, fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, withDetail(err))
 		}
 		deleted += n
 		s.log.DebugContext(ctx, "pgdedup: cleanup batch", "deleted", n, "duration", time.Since(t0))

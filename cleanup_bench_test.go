@@ -83,7 +83,7 @@ func benchCleanup(b *testing.B, rows int, oldSnapshot bool,
 	var spent time.Duration
 	for range b.N {
 		b.StopTimer()
-		seed(b, db.Pool, "bench", "old-", rows, -time.Hour)
+		pgtest.Seed(b, db.Pool, "bench", "old-", rows, -time.Hour)
 		mustExec(b, db.Pool, `ANALYZE processed_messages`)
 		var old pgx.Tx
 		if oldSnapshot {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // The RunCleaner tests are not parallel: goleak looks at every goroutine of
@@ -57,7 +58,7 @@ COMMIT`)
 			t.Fatalf("no successful run after the table was created; last: %+v", e)
 		}
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM later_table`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM later_table`); n != 0 {
 		t.Errorf("%d rows left after a successful run", n)
 	}
 
@@ -79,7 +80,7 @@ func TestRunCleanerStopsMidRun(t *testing.T) {
 		}
 	}
 	b := setup(t, pgdedup.Config{})
-	seed(t, b.pool, "billing", "old-", 20_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 20_000, -time.Hour)
 	conn := connect(t, b.db.URL)
 	store, err := pgdedup.New(conn, pgdedup.Config{Consumer: "billing", CleanupBatchSize: 50, Logger: slog.New(sink)})
 	if err != nil {
@@ -97,7 +98,7 @@ func TestRunCleanerStopsMidRun(t *testing.T) {
 	stopsPromptly(t, stopped)
 	goleak.VerifyNone(t, ignore)
 
-	left := count(t, b.pool, `SELECT count(*) FROM processed_messages`)
+	left := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`)
 	var done int64
 	for _, n := range sink.batches() {
 		done += n

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // Four cleaners at once (Stores of different consumers: Cleanup is for the
@@ -18,9 +19,9 @@ func TestCleanupConcurrentCleaners(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	seed(t, b.pool, "billing", "old-", 30_000, -time.Hour)
-	seed(t, b.pool, "emails", "old-", 30_000, -time.Hour)
-	seed(t, b.pool, "emails", "live-", 100, time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 30_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "emails", "old-", 30_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "emails", "live-", 100, time.Hour)
 
 	var total atomic.Int64
 	var wg sync.WaitGroup
@@ -44,7 +45,7 @@ func TestCleanupConcurrentCleaners(t *testing.T) {
 	if n := total.Load(); n != 60_000 {
 		t.Errorf("cleaners deleted %d rows in total, want 60000", n)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 100 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 100 {
 		t.Errorf("%d rows left, want the 100 live ones", n)
 	}
 }
@@ -59,15 +60,15 @@ func TestCleanupWhileProcessing(t *testing.T) {
 	sink := &logSink{onBatch: func(int64) { once.Do(func() { close(cleaning) }) }}
 	b := setup(t, pgdedup.Config{CleanupBatchSize: 500, Logger: slog.New(sink)})
 	const orders = 300
-	seed(t, b.pool, "billing", "old-", 20_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 20_000, -time.Hour)
 	// The same IDs, expired, for another consumer: neighbours of the new claims
 	// in the primary key index.
-	seed(t, b.pool, "billing-v1", "order-", orders, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing-v1", "order-", orders, -time.Hour)
 
 	deliveries := make(chan string, 3*orders)
 	var ids []string
 	for i := range 3 * orders {
-		ids = append(ids, seedID("order-", i%orders+1))
+		ids = append(ids, pgtest.SeedID("order-", i%orders+1))
 	}
 	rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 	for _, id := range ids {
@@ -122,7 +123,7 @@ func TestCleanupWhileProcessing(t *testing.T) {
 	}
 	charges := chargesPerOrder(t, b.pool)
 	for i := 1; i <= orders; i++ {
-		id := seedID("order-", i)
+		id := pgtest.SeedID("order-", i)
 		if charges[id] != 1 || !recorded(t, b.pool, "billing", id) {
 			t.Errorf("%s: charged %d times, recorded %v; want once, true", id, charges[id], recorded(t, b.pool, "billing", id))
 		}

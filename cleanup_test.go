@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // 200,000 expired rows of two consumers among live ones: exactly the expired
@@ -18,11 +19,11 @@ func TestCleanupDeletesExactlyTheExpired(t *testing.T) {
 	sink, events := &logSink{}, &eventLog{}
 	b := setup(t, pgdedup.Config{Logger: slog.New(sink), OnEvent: events.add})
 	ctx := ctxT(t)
-	seed(t, b.pool, "billing", "old-", 120_000, -time.Hour)
-	seed(t, b.pool, "emails", "old-", 80_000, -time.Hour)
-	seed(t, b.pool, "billing", "edge-", 1, -time.Millisecond)
-	seed(t, b.pool, "billing", "live-", 1_000, time.Hour)
-	seed(t, b.pool, "emails", "live-", 1_000, 24*time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 120_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "emails", "old-", 80_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "edge-", 1, -time.Millisecond)
+	pgtest.Seed(t, b.pool, "billing", "live-", 1_000, time.Hour)
+	pgtest.Seed(t, b.pool, "emails", "live-", 1_000, 24*time.Hour)
 	for i := range 5 {
 		id := fmt.Sprint("order-", i)
 		if ok, err := b.store.Process(ctx, id, charge(id)); err != nil || !ok {
@@ -34,11 +35,11 @@ func TestCleanupDeletesExactlyTheExpired(t *testing.T) {
 	if err != nil || deleted != 200_001 {
 		t.Fatalf("Cleanup = %d, %v; want 200001, nil", deleted, err)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < now()`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < now()`); n != 0 {
 		t.Errorf("%d expired rows left", n)
 	}
 	for consumer, want := range map[string]int{"billing": 1_005, "emails": 1_000} {
-		if n := count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = $1`, consumer); n != want {
+		if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = $1`, consumer); n != want {
 			t.Errorf("%s: %d live rows left, want %d", consumer, n, want)
 		}
 	}
@@ -53,7 +54,7 @@ func TestCleanupDeletesExactlyTheExpired(t *testing.T) {
 	}
 
 	batches := sink.batches()
-	if len(batches) != 21 {
+	if len(batches) != 21 && !citusBatches(t, batches, 10_000, 200_001) {
 		t.Errorf("deleted in %d batches %v, want 20 of 10000 and 1 of 1", len(batches), batches)
 	}
 	for _, n := range batches {
@@ -65,8 +66,15 @@ func TestCleanupDeletesExactlyTheExpired(t *testing.T) {
 	if len(runs) != 1 || runs[0].Count != 200_001 || runs[0].Err != nil || runs[0].Duration <= 0 {
 		t.Errorf("cleanup events = %+v; want one with Count 200001, a duration and no error", runs)
 	}
-	if got := sink.find("pgdedup: cleanup"); got == nil || attr(*got, "deleted") != "200001" || attr(*got, "duration") == "" {
-		t.Errorf("no info log with rows deleted and duration: %v", got)
+	got := sink.Last("pgdedup: cleanup")
+	if got == nil {
+		t.Fatal("no info log of the cleanup")
+	}
+	if deleted, _ := pgtest.Attr(*got, "deleted"); deleted.Int64() != 200_001 {
+		t.Errorf("the cleanup's log says %v rows deleted, want 200001", deleted)
+	}
+	if d, _ := pgtest.Attr(*got, "duration"); d.Duration() <= 0 {
+		t.Errorf("the cleanup's log gives no duration: %v", *got)
 	}
 	if deleted, err := b.store.Cleanup(ctx); deleted != 0 || err != nil {
 		t.Errorf("second Cleanup = %d, %v; want 0, nil", deleted, err)
@@ -81,26 +89,32 @@ func TestCleanupHonorsCtxBetweenBatches(t *testing.T) {
 	sink := &logSink{}
 	sink.onBatch = func(int64) { cancel() }
 	b := setup(t, pgdedup.Config{CleanupBatchSize: 1_000, Logger: slog.New(sink)})
-	seed(t, b.pool, "billing", "old-", 5_500, -time.Hour)
-	seed(t, b.pool, "billing", "live-", 10, time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "old-", 5_500, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "live-", 10, time.Hour)
 
-	deleted, err := b.store.Cleanup(ctx)
-	if !errors.Is(err, context.Canceled) || deleted != 1_000 {
-		t.Fatalf("cancelled Cleanup = %d, %v; want 1000, context.Canceled", deleted, err)
+	first := int64(1_000)
+	if pgtest.CitusColumn() != "" {
+		first = 0 // on Citus, the first batch's size depends on how its window adapted
+		sink.onBatch = func(n int64) { first = n; cancel() }
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 4_510 {
-		t.Fatalf("%d rows after the cancelled run, want 4510: the first batch must stay deleted", n)
+	deleted, err := b.store.Cleanup(ctx)
+	if !errors.Is(err, context.Canceled) || deleted != first || first < 1 || first > 1_000 {
+		t.Fatalf("cancelled Cleanup = %d, %v; want one batch of 1000, context.Canceled", deleted, err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 5_510-int(first) {
+		t.Fatalf("%d rows after the cancelled run, want %d: the first batch must stay deleted", n, 5_510-first)
 	}
 
 	sink.onBatch = nil
 	deleted, err = b.store.Cleanup(ctxT(t))
-	if err != nil || deleted != 4_500 {
-		t.Fatalf("Cleanup = %d, %v; want 4500, nil", deleted, err)
+	if err != nil || deleted != 5_500-first {
+		t.Fatalf("Cleanup = %d, %v; want %d, nil", deleted, err, 5_500-first)
 	}
-	if got, want := fmt.Sprint(sink.batches()), "[1000 1000 1000 1000 1000 500]"; got != want {
+	batches := sink.batches()
+	if got, want := fmt.Sprint(batches), "[1000 1000 1000 1000 1000 500]"; got != want && !citusBatches(t, batches, 1_000, 5_500) {
 		t.Errorf("batches %s, want %s", got, want)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 10 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 10 {
 		t.Errorf("%d rows left, want the 10 live ones", n)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // Many consumers receive the same few hundred messages in random order; each
@@ -23,31 +23,19 @@ func TestProcessConcurrentDuplicates(t *testing.T) {
 	ctx := ctxT(t)
 	const ids, workers, rounds = 200, 16, 2
 	var processed atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			order := rand.Perm(ids * rounds)
-			for _, i := range order {
-				id := fmt.Sprintf("msg-%d", i%ids)
-				ok, err := b.store.Process(ctx, id, charge(id))
-				if err != nil {
-					errs <- fmt.Errorf("worker %d: %w", w, err)
-					return
-				}
-				if ok {
-					processed.Add(1)
-				}
+	pgtest.FanOut(t, workers, func(w int) error {
+		for _, i := range rand.Perm(ids * rounds) {
+			id := fmt.Sprintf("msg-%d", i%ids)
+			ok, err := b.store.Process(ctx, id, charge(id))
+			if err != nil {
+				return fmt.Errorf("worker %d: %w", w, err)
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+			if ok {
+				processed.Add(1)
+			}
+		}
+		return nil
+	})
 	got := chargesPerOrder(t, b.pool)
 	if len(got) != ids {
 		t.Fatalf("%d orders charged, want %d", len(got), ids)
@@ -62,24 +50,6 @@ func TestProcessConcurrentDuplicates(t *testing.T) {
 	}
 }
 
-// holdClaim claims id in a transaction of its own and leaves it open.
-func holdClaim(t *testing.T, b *bundle, id string) pgx.Tx {
-	t.Helper()
-	ctx := ctxT(t)
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if ok, err := b.store.Claim(ctx, tx, id); err != nil || !ok {
-		t.Fatalf("claim: %v %v", ok, err)
-	}
-	if err := charge(id)(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
-	return tx
-}
-
 func TestDuplicateWaitsForInFlight(t *testing.T) {
 	t.Parallel()
 	for _, commit := range []bool{true, false} {
@@ -87,7 +57,10 @@ func TestDuplicateWaitsForInFlight(t *testing.T) {
 			t.Parallel()
 			b := setup(t, pgdedup.Config{})
 			ctx := ctxT(t)
-			first := holdClaim(t, b, "msg-1")
+			first := pgtest.HoldClaim(t, b.pool, b.store, "msg-1")
+			if err := charge("msg-1")(ctx, first); err != nil {
+				t.Fatal(err)
+			}
 
 			type result struct {
 				processed bool
@@ -132,7 +105,10 @@ func TestLockTimeoutReturnsErrInFlight(t *testing.T) {
 		}
 	}})
 	ctx := ctxT(t)
-	first := holdClaim(t, b, "msg-1")
+	first := pgtest.HoldClaim(t, b.pool, b.store, "msg-1")
+	if err := charge("msg-1")(ctx, first); err != nil {
+		t.Fatal(err)
+	}
 
 	start := time.Now()
 	calls := 0
@@ -196,26 +172,15 @@ func TestProcessConcurrentDuplicatesRepeatableRead(t *testing.T) {
 	b := setup(t, pgdedup.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, MaxAttempts: 20})
 	ctx := ctxT(t)
 	const ids, workers = 50, 8
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, i := range rand.Perm(ids) {
-				id := fmt.Sprint("msg-", i)
-				if _, err := b.store.Process(ctx, id, charge(id)); err != nil {
-					errs <- err
-					return
-				}
+	pgtest.FanOut(t, workers, func(int) error {
+		for _, i := range rand.Perm(ids) {
+			id := fmt.Sprint("msg-", i)
+			if _, err := b.store.Process(ctx, id, charge(id)); err != nil {
+				return err
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+		}
+		return nil
+	})
 	got := chargesPerOrder(t, b.pool)
 	for i := range ids {
 		if id := fmt.Sprint("msg-", i); got[id] != 1 {

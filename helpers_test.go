@@ -32,6 +32,7 @@ func setup(t *testing.T, cfg pgdedup.Config) *bundle {
 		t.Fatal(err)
 	}
 	mustExec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL, consumer text NOT NULL DEFAULT '')`)
+	db.Distribute(t, "charges", "id", false)
 	return &bundle{db: db, pool: db.Pool, store: store}
 }
 
@@ -84,15 +85,6 @@ func recorded(t *testing.T, pool *pgxpool.Pool, consumer, id string) bool {
 		t.Fatal(err)
 	}
 	return ok
-}
-
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
 }
 
 // acquiredConns returns the pool's acquired connections once they have settled:

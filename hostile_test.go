@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // hostileIDs are IDs Postgres text cannot hold or that are too long, with what
@@ -151,7 +152,7 @@ func TestBatchWithOneBadIDRecordsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatalf("%d IDs recorded from rejected batches, want 0", n)
 	}
 }
@@ -184,10 +185,10 @@ func TestHundredThousandIDBatches(t *testing.T) {
 		t.Fatalf("second batch: %d fresh, err=%v, want the %d new IDs in input order", len(fresh), err, len(want))
 	}
 	t.Logf("110,000 IDs, 50,000 new: %v", time.Since(start))
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 150_000 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 150_000 {
 		t.Fatalf("%d IDs recorded, want 150000", n)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM (SELECT order_id FROM charges GROUP BY order_id HAVING count(*) = 1) c`); n != 150_000 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM (SELECT order_id FROM charges GROUP BY order_id HAVING count(*) = 1) c`); n != 150_000 {
 		t.Fatalf("%d orders charged exactly once, want 150000", n)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // Table names come from configuration, which an attacker may influence: New
@@ -34,7 +35,7 @@ func TestNewRejectsInjectedTableNames(t *testing.T) {
 			t.Errorf("New with Table %q: err=%v, want an error", table, err)
 		}
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
 		t.Fatalf("charges has %d rows, want the table intact and empty", n)
 	}
 }
@@ -55,10 +56,10 @@ func TestTableNamesAreQuoted(t *testing.T) {
 			t.Fatalf("Process with Table %q: %v", table, err)
 		}
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM "Select$"`); n != 2 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM "Select$"`); n != 2 {
 		t.Fatalf(`"Select$" has %d rows, want 2`, n)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatalf("processed_messages has %d rows, want 0", n)
 	}
 }
@@ -101,13 +102,13 @@ func TestConsumerAndIDsAreNotSQL(t *testing.T) {
 	if got := chargesPerOrder(t, b.pool); got["o-hostile"] != want || got["o-billing"] != 1 {
 		t.Fatalf("charges per order %v, want o-hostile %d times and o-billing once", got, want)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
 		t.Fatalf("%d IDs recorded, want %d", n, want+1)
 	}
 	if _, err := b.store.Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
 		t.Fatalf("Cleanup left %d IDs of unexpired %d", n, want+1)
 	}
 }

@@ -32,14 +32,14 @@ func TestMigrate(t *testing.T) {
 	if err := sqlDB.PingContext(ctx); err != nil {
 		t.Fatalf("Migrate closed the caller's *sql.DB: %v", err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM goose_db_version`); n != 2 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM goose_db_version`); n != 2 {
 		t.Fatalf("host goose_db_version has %d rows, want its 2", n)
 	}
 	// The table lands in the connection's search_path, with its key and index.
-	if n := count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', 'pgdedup_db_version')`, db.Schema); n != 2 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', 'pgdedup_db_version')`, db.Schema); n != 2 {
 		t.Fatalf("%d of processed_messages, pgdedup_db_version in schema %s, want 2", n, db.Schema)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(expires_at)%'`, db.Schema); n != 1 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(expires_at)%'`, db.Schema); n != 1 {
 		t.Fatalf("no index on expires_at")
 	}
 	var pk string
@@ -71,13 +71,13 @@ func TestMigrationsWithPlainGoose(t *testing.T) {
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatal(n)
 	}
 	if _, err := p.DownTo(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_messages'`, db.Schema); n != 0 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_messages'`, db.Schema); n != 0 {
 		t.Fatal("down migration left processed_messages")
 	}
 }

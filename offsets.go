@@ -167,7 +167,7 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 // when configured) and the read of the stored row onto b, which may already
 // hold a BEGIN. offsets are validated and not empty.
 func (s *Store) queueClaimOffsets(b *pgx.Batch, p Partition, offsets []int64) {
-	s.queueLocked(b, s.off.claim, s.cfg.Consumer, p.Topic, p.Partition, offsets[len(offsets)-1], p.Generation)
+	queueAround(b, s.sql.lockTimeout, s.off.claim, s.cfg.Consumer, p.Topic, p.Partition, offsets[len(offsets)-1], p.Generation)
 	b.Queue(s.off.stored, s.cfg.Consumer, p.Topic, p.Partition)
 }
 
@@ -176,15 +176,17 @@ func (s *Store) readClaimOffsets(br pgx.BatchResults, p Partition, offsets []int
 	var claimed bool
 	var prev *int64
 	var last, gen int64
-	err := s.skipLeading(br, begun)
+	err := skipLeading(br, begun, s.sql.lockTimeout)
 	if err == nil {
 		err = br.QueryRow().Scan(&prev)
 		if claimed = err == nil; errors.Is(err, pgx.ErrNoRows) {
 			err = nil
 		}
 	}
-	if err == nil && s.sql.setLockTimeout != "" {
-		_, err = br.Exec()
+	for range s.sql.lockTimeout.after {
+		if err == nil {
+			_, err = br.Exec()
+		}
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(&last, &gen)

@@ -155,7 +155,7 @@ func TestProcessOffsetsErrorAdvancesNothing(t *testing.T) {
 	if !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want the handler's", err)
 	}
-	if got, n := storedOffset(t, b.pool, orders), count(t, b.pool, `SELECT count(*) FROM charges`); got != -1 || n != 0 {
+	if got, n := storedOffset(t, b.pool, orders), pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); got != -1 || n != 0 {
 		t.Fatalf("after a failed handler: stored offset %d, %d charges; want none", got, n)
 	}
 	if fresh, err := b.store.ProcessOffsets(ctx, orders, []int64{0, 1}, chargeOffsets(orders)); err != nil || len(fresh) != 2 {
@@ -320,7 +320,7 @@ func TestOffsetsFenceOlderGeneration(t *testing.T) {
 	if fresh, err := b.store.ProcessOffsets(ctx, owner, []int64{4, 5}, chargeOffsets(owner)); err != nil || len(fresh) != 2 {
 		t.Fatalf("owner after the zombie was fenced: %v, %v", fresh, err)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM charges`); n != 6 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 6 {
 		t.Fatalf("%d charges, want 6 (offsets 0-5 once each)", n)
 	}
 	var gen int64
@@ -397,7 +397,7 @@ func TestOffsetsRejectBadInput(t *testing.T) {
 	if fresh, err := b.store.ProcessOffsets(ctx, orders, nil, nop); err != nil || fresh != nil {
 		t.Errorf("empty batch: %v, %v", fresh, err)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_offsets`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_offsets`); n != 0 {
 		t.Fatalf("%d rows written by rejected calls", n)
 	}
 }
@@ -417,7 +417,7 @@ func TestOffsetTableFollowsTableSchema(t *testing.T) {
 	if _, err := store.ProcessOffset(ctx, orders, 1, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM `+db.Schema+`_ops.processed_offsets`); n != 1 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM `+db.Schema+`_ops.processed_offsets`); n != 1 {
 		t.Fatalf("%d rows in the schema-qualified offset table, want 1", n)
 	}
 	if _, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", OffsetTable: "a.b.c"}); err == nil || !strings.Contains(err.Error(), "Config.OffsetTable") {

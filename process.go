@@ -44,10 +44,14 @@ func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx conte
 
 func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Context, pgx.Tx) error) (bool, error) {
 	start := time.Now()
-	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { s.queueClaim(b, id) })
+	a, err := s.singleAround(ctx, pgxQueryRow(s.db))
+	if err != nil {
+		return false, err
+	}
+	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { queueAround(b, a, s.sql.claim, s.cfg.Consumer, id) })
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
 
-	claimed, err := s.readClaim(br, id, true)
+	claimed, err := s.readClaim(br, id, true, a)
 	if err != nil {
 		s.inFlight(ctx, err, id, 1)
 		return false, err
@@ -60,7 +64,7 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("pgdedup: commit %q: %w", id, err)
+		return false, fmt.Errorf("pgdedup: commit %q: %w", id, withDetail(err))
 	}
 	s.emit(ctx, Event{Kind: EventProcessed, MessageID: id, Count: 1, Duration: time.Since(start)})
 	return true, nil
@@ -93,10 +97,15 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 
 func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
 	start := time.Now()
-	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { s.queueClaimBatch(b, sorted) })
+	l, err := s.layout(ctx, pgxQueryRow(s.db))
+	if err != nil {
+		return nil, err
+	}
+	var q queuedBatch
+	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { q = s.queueClaimBatch(b, l, sorted) })
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
 
-	fresh, err := s.readClaimBatch(br, ids, true)
+	fresh, err := s.readClaimBatch(br, ids, true, q)
 	if err != nil {
 		s.inFlight(ctx, err, "", len(sorted))
 		return nil, err
@@ -111,7 +120,7 @@ func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn f
 		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("pgdedup: commit batch: %w", err)
+		return nil, fmt.Errorf("pgdedup: commit batch: %w", withDetail(err))
 	}
 	s.emit(ctx, Event{Kind: EventProcessed, Count: int64(len(fresh)), Duration: time.Since(start)})
 	return fresh, nil

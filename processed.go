@@ -91,6 +91,7 @@ type Store struct {
 	cfg Config
 	log *slog.Logger
 	sql statements
+	lay layoutPtr // looked up on first use: see layout
 	off offsetStatements
 }
 

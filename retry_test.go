@@ -100,7 +100,7 @@ func TestProcessRetriesLostConnection(t *testing.T) {
 			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 				return err
 			}
-			if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, `SELECT 1`)

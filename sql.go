@@ -33,8 +33,12 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (cla
 	if tx == nil {
 		return false, errNilTx
 	}
+	a, err := s.singleAround(ctx, sqlQueryRow(tx))
+	if err != nil {
+		return false, err
+	}
 	var n int64
-	err = s.sqlLocked(ctx, tx, func() error {
+	err = sqlAround(ctx, tx, a, func() error {
 		res, err := tx.ExecContext(ctx, s.sql.claim, s.cfg.Consumer, messageID)
 		if err != nil {
 			return err
@@ -65,9 +69,13 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 	if tx == nil {
 		return nil, errNilTx
 	}
+	l, err := s.layout(ctx, sqlQueryRow(tx))
+	if err != nil {
+		return nil, err
+	}
 	got := make(map[string]struct{}, len(sorted))
-	err = s.sqlLocked(ctx, tx, func() error {
-		rows, err := tx.QueryContext(ctx, s.sql.claimBatch, s.cfg.Consumer, textArray(sorted))
+	collect := func(sql string, args ...any) error {
+		rows, err := tx.QueryContext(ctx, sql, args...)
 		if err != nil {
 			return err
 		}
@@ -80,7 +88,21 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 			got[id] = struct{}{}
 		}
 		return rows.Err()
-	})
+	}
+	if !l.citus {
+		err = sqlAround(ctx, tx, s.sql.lockTimeout, func() error {
+			return collect(s.sql.claimBatch, s.cfg.Consumer, textArray(sorted))
+		})
+	} else {
+		err = sqlAround(ctx, tx, l.batch, func() error {
+			for _, ids := range citusBatchChunks(sorted) {
+				if err := collect(s.citusBatchSQL(l, len(ids)), append([]any{s.cfg.Consumer}, ids...)...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
 	if err != nil {
 		return nil, s.sqlClaimError(err, "")
 	}
@@ -89,23 +111,32 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 
 var errNilTx = errors.New("pgdedup: tx must not be nil")
 
-// sqlLocked runs claim between the lock timeout statements when
-// Config.LockTimeout is set, as queueLocked does for pgx. The two leading
-// statements go as one Exec without arguments, which drivers send as a simple
-// query, so they cost one round trip and run in order. After a failed claim the
-// restore is skipped: tx is aborted and will be rolled back anyway.
-func (s *Store) sqlLocked(ctx context.Context, tx *sql.Tx, claim func() error) error {
-	if s.sql.setLockTimeout == "" {
-		return claim()
-	}
-	if _, err := tx.ExecContext(ctx, saveLockTimeout+"; "+s.sql.setLockTimeout); err != nil {
-		return err
+// sqlAround runs claim between a's statements, as queueAround does for pgx.
+// The statements on each side go as one Exec without arguments, which drivers
+// send as a simple query, so they cost one round trip each and run in order.
+// After a failed claim the statements after it are skipped: tx is aborted and
+// will be rolled back anyway.
+func sqlAround(ctx context.Context, tx *sql.Tx, a around, claim func() error) error {
+	if len(a.before) > 0 {
+		if _, err := tx.ExecContext(ctx, strings.Join(a.before, "; ")); err != nil {
+			return err
+		}
 	}
 	if err := claim(); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, restoreLockTimeout)
-	return err
+	if len(a.after) > 0 {
+		_, err := tx.ExecContext(ctx, strings.Join(a.after, "; "))
+		return err
+	}
+	return nil
+}
+
+// sqlQueryRow is queryRowFunc for a database/sql transaction.
+func sqlQueryRow(tx *sql.Tx) queryRowFunc {
+	return func(ctx context.Context, sql string, args []any, dest ...any) error {
+		return tx.QueryRowContext(ctx, sql, args...).Scan(dest...)
+	}
 }
 
 // sqlClaimError is claimError for errors from any database/sql driver: besides
@@ -113,7 +144,7 @@ func (s *Store) sqlLocked(ctx context.Context, tx *sql.Tx, claim func() error) e
 // that drivers' error types offer.
 func (s *Store) sqlClaimError(err error, id string) error {
 	var st interface{ SQLState() string }
-	if errors.As(err, &st) && st.SQLState() == "55P03" && s.sql.setLockTimeout != "" {
+	if errors.As(err, &st) && st.SQLState() == "55P03" && s.sql.lockTimeoutMS > 0 {
 		return fmt.Errorf("%w: %w", ErrInFlight, err)
 	}
 	return s.claimError(err, id)

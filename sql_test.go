@@ -12,6 +12,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // openSQL opens the test schema through pgx's stdlib driver, as a database/sql
@@ -130,7 +131,7 @@ func TestClaimBatchSQL(t *testing.T) {
 			t.Errorf("%q not recorded", id)
 		}
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != len(want)+1 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != len(want)+1 {
 		t.Fatalf("%d rows recorded, want %d", n, len(want)+1)
 	}
 }

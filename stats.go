@@ -53,6 +53,20 @@ FROM to_regclass($1::text) r`, s.sql.table).Scan(&st.Now, &exists, &st.TableByte
 	if !exists {
 		return Stats{}, fmt.Errorf("pgdedup: stats of %s: table not found (run Migrate)", s.sql.table)
 	}
+	l, err := s.layout(ctx, pgxQueryRow(s.db))
+	if err != nil {
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: %w", s.sql.table, err)
+	}
+	if l.citus {
+		// The coordinator's own table is an empty shell: the rows are in the
+		// shards on the workers, which Citus's size functions add up.
+		err := s.db.QueryRow(ctx, `SELECT citus_table_size(r), citus_total_relation_size(r) FROM to_regclass($1::text) r`,
+			s.sql.table).Scan(&st.TableBytes, &st.TotalBytes)
+		if err != nil {
+			return Stats{}, fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.sql.table, withDetail(err))
+		}
+		st.IndexBytes = st.TotalBytes - st.TableBytes
+	}
 	// The first statement's now() is passed on, so that "expired" means the
 	// same instant in both even though they are two statements.
 	rows, _ := s.db.Query(ctx, `SELECT consumer, count(*), count(*) FILTER (WHERE expires_at < $1),

@@ -15,13 +15,17 @@ import (
 // the IDs are always bound parameters.
 type statements struct {
 	table      string
+	expires    string // the expires_at expression
 	claim      string // $1 consumer, $2 id
 	claimBatch string // $1 consumer, $2 sorted ids
 
-	// With Config.LockTimeout set, the claim runs between saveLockTimeout and
-	// restoreLockTimeout, so the wait is bounded without changing lock_timeout
-	// for the rest of the transaction. All three are transaction-local.
-	setLockTimeout string
+	// With Config.LockTimeout set, the claim runs between lockTimeout.before
+	// (save the caller's lock_timeout, set ours) and lockTimeout.after (restore
+	// it), so the wait is bounded without changing lock_timeout for the rest
+	// of the transaction. All are transaction-local. On a Citus table the
+	// statements of the Store's layout are used instead.
+	lockTimeout   around
+	lockTimeoutMS int64
 }
 
 const (
@@ -33,7 +37,8 @@ func newStatements(table pgx.Identifier, retention, lockTimeout time.Duration) s
 	t := table.Sanitize()
 	expires := fmt.Sprintf("now() + interval '%d microseconds'", retention.Microseconds())
 	st := statements{
-		table: t,
+		table:   t,
+		expires: expires,
 		claim: `INSERT INTO ` + t + ` (consumer, message_id, expires_at) VALUES ($1, $2, ` + expires + `)
 ON CONFLICT DO NOTHING`,
 		claimBatch: `INSERT INTO ` + t + ` (consumer, message_id, expires_at)
@@ -42,8 +47,11 @@ ON CONFLICT DO NOTHING
 RETURNING message_id`,
 	}
 	if lockTimeout > 0 {
-		ms := (lockTimeout + time.Millisecond - 1) / time.Millisecond
-		st.setLockTimeout = fmt.Sprintf(`SELECT set_config('lock_timeout', '%dms', true)`, ms)
+		st.lockTimeoutMS = int64((lockTimeout + time.Millisecond - 1) / time.Millisecond)
+		st.lockTimeout = around{
+			before: []string{saveLockTimeout, fmt.Sprintf(`SELECT set_config('lock_timeout', '%dms', true)`, st.lockTimeoutMS)},
+			after:  []string{restoreLockTimeout},
+		}
 	}
 	return st
 }
@@ -63,9 +71,13 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 	if err := ValidateMessageID(messageID); err != nil {
 		return false, err
 	}
+	a, err := s.singleAround(ctx, pgxQueryRow(tx))
+	if err != nil {
+		return false, err
+	}
 	b := &pgx.Batch{}
-	s.queueClaim(b, messageID)
-	return s.readClaim(tx.SendBatch(ctx, b), messageID, false)
+	queueAround(b, a, s.sql.claim, s.cfg.Consumer, messageID)
+	return s.readClaim(tx.SendBatch(ctx, b), messageID, false, a)
 }
 
 // ClaimBatch records messageIDs inside tx, the caller's transaction, and returns
@@ -82,41 +94,76 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) 
 	if err != nil || len(sorted) == 0 {
 		return nil, err
 	}
-	b := &pgx.Batch{}
-	s.queueClaimBatch(b, sorted)
-	return s.readClaimBatch(tx.SendBatch(ctx, b), messageIDs, false)
-}
-
-// queueClaim queues the claim of id (bracketed by the lock timeout statements
-// when configured) onto b, which may already hold a BEGIN.
-func (s *Store) queueClaim(b *pgx.Batch, id string) {
-	s.queueLocked(b, s.sql.claim, s.cfg.Consumer, id)
-}
-
-func (s *Store) queueClaimBatch(b *pgx.Batch, sorted []string) {
-	s.queueLocked(b, s.sql.claimBatch, s.cfg.Consumer, sorted)
-}
-
-func (s *Store) queueLocked(b *pgx.Batch, sql string, args ...any) {
-	if s.sql.setLockTimeout == "" {
-		b.Queue(sql, args...)
-		return
+	l, err := s.layout(ctx, pgxQueryRow(tx))
+	if err != nil {
+		return nil, err
 	}
-	b.Queue(saveLockTimeout)
-	b.Queue(s.sql.setLockTimeout)
+	b := &pgx.Batch{}
+	q := s.queueClaimBatch(b, l, sorted)
+	return s.readClaimBatch(tx.SendBatch(ctx, b), messageIDs, false, q)
+}
+
+// singleAround returns the statements around a single claim: none without
+// Config.LockTimeout (and no lookup of the layout), else those for the table.
+func (s *Store) singleAround(ctx context.Context, query queryRowFunc) (around, error) {
+	if s.sql.lockTimeoutMS == 0 {
+		return around{}, nil
+	}
+	l, err := s.layout(ctx, query)
+	if err != nil {
+		return around{}, err
+	}
+	if l.citus {
+		return l.single, nil
+	}
+	return s.sql.lockTimeout, nil
+}
+
+// queueAround queues sql between a's statements onto b, which may already
+// hold a BEGIN.
+func queueAround(b *pgx.Batch, a around, sql string, args ...any) {
+	for _, q := range a.before {
+		b.Queue(q)
+	}
 	b.Queue(sql, args...)
-	b.Queue(restoreLockTimeout)
+	for _, q := range a.after {
+		b.Queue(q)
+	}
+}
+
+// queuedBatch is what queueClaimBatch queued: the statements around, and how
+// many claim statements (each returning the new IDs) sit between them.
+type queuedBatch struct {
+	around around
+	claims int
+}
+
+// queueClaimBatch queues the claim of sorted onto b: one INSERT … SELECT FROM
+// unnest on plain PostgreSQL, multi-row VALUES inserts on Citus.
+func (s *Store) queueClaimBatch(b *pgx.Batch, l *layout, sorted []string) queuedBatch {
+	if !l.citus {
+		queueAround(b, s.sql.lockTimeout, s.sql.claimBatch, s.cfg.Consumer, sorted)
+		return queuedBatch{around: s.sql.lockTimeout, claims: 1}
+	}
+	for _, q := range l.batch.before {
+		b.Queue(q)
+	}
+	chunks := citusBatchChunks(sorted)
+	for _, ids := range chunks {
+		b.Queue(s.citusBatchSQL(l, len(ids)), append([]any{s.cfg.Consumer}, ids...)...)
+	}
+	for _, q := range l.batch.after {
+		b.Queue(q)
+	}
+	return queuedBatch{around: l.batch, claims: len(chunks)}
 }
 
 // skipLeading reads the results of the statements queued before the claim:
-// BEGIN when begun, and the lock timeout statements when configured.
-func (s *Store) skipLeading(br pgx.BatchResults, begun bool) error {
-	n := 0
+// BEGIN when begun, and the statements before it.
+func skipLeading(br pgx.BatchResults, begun bool, a around) error {
+	n := len(a.before)
 	if begun {
 		n++
-	}
-	if s.sql.setLockTimeout != "" {
-		n += 2
 	}
 	for range n {
 		if _, err := br.Exec(); err != nil {
@@ -127,8 +174,8 @@ func (s *Store) skipLeading(br pgx.BatchResults, begun bool) error {
 }
 
 // readClaim reads a claim's results and closes br.
-func (s *Store) readClaim(br pgx.BatchResults, id string, begun bool) (bool, error) {
-	err := s.skipLeading(br, begun)
+func (s *Store) readClaim(br pgx.BatchResults, id string, begun bool, a around) (bool, error) {
+	err := skipLeading(br, begun, a)
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -143,10 +190,10 @@ func (s *Store) readClaim(br pgx.BatchResults, id string, begun bool) (bool, err
 }
 
 // readClaimBatch reads a batch claim's results and closes br.
-func (s *Store) readClaimBatch(br pgx.BatchResults, ids []string, begun bool) ([]string, error) {
+func (s *Store) readClaimBatch(br pgx.BatchResults, ids []string, begun bool, q queuedBatch) ([]string, error) {
 	fresh := make(map[string]struct{})
-	err := s.skipLeading(br, begun)
-	if err == nil {
+	err := skipLeading(br, begun, q.around)
+	for i := 0; i < q.claims && err == nil; i++ {
 		var rows pgx.Rows
 		rows, err = br.Query()
 		if err == nil {
@@ -166,10 +213,12 @@ func (s *Store) readClaimBatch(br pgx.BatchResults, ids []string, begun bool) ([
 	return inInputOrder(ids, fresh), nil
 }
 
-// claimError turns a lock timeout on the claim into ErrInFlight.
+// claimError turns a lock timeout on the claim into ErrInFlight, and keeps
+// the server's DETAIL in the message.
 func (s *Store) claimError(err error, id string) error {
+	err = withDetail(err)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" && s.sql.setLockTimeout != "" {
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" && s.sql.lockTimeoutMS > 0 {
 		return fmt.Errorf("%w: %w", ErrInFlight, err)
 	}
 	if id != "" {

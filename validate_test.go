@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 var badIDs = map[string]string{
@@ -97,7 +98,7 @@ func TestInvalidIDsRejectedBeforeRoundTrip(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatalf("rejected claims broke the caller's transaction: %v", err)
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatalf("%d IDs recorded from rejected batches, want 0", n)
 	}
 }
@@ -141,7 +142,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	if _, err := pgdedup.New(nil, pgdedup.Config{Consumer: "c"}); err == nil {
 		t.Error("New accepted a nil DB")
 	}
-	if n := count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
 		t.Fatal("charges touched")
 	}
 }

@@ -55,7 +55,7 @@ func TestDocsCurlExamples(t *testing.T) {
 			t.Errorf("%s: the error answer has no Link to the docs:\n%s", c.line, out)
 		}
 	}
-	if n := count(t, pool, `SELECT count(*) FROM orders`); n != 1 {
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 1 {
 		t.Fatalf("%d orders, want the one book", n)
 	}
 }

@@ -162,22 +162,13 @@ func sendWith(c *http.Client, url, key, body string, headers ...string) (reply, 
 	return reply{status: resp.StatusCode, header: resp.Header, body: string(b)}, err
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
-
 func charges(t *testing.T, pool *pgxpool.Pool) int {
-	return count(t, pool, `SELECT count(*) FROM charges`)
+	return pgtest.Count(t, pool, `SELECT count(*) FROM charges`)
 }
 
 // keys returns how many idempotency keys are recorded.
 func keys(t *testing.T, pool *pgxpool.Pool) int {
-	return count(t, pool, `SELECT count(*) FROM processed_messages`)
+	return pgtest.Count(t, pool, `SELECT count(*) FROM processed_messages`)
 }
 
 // isProblem reports whether r is one of the middleware's problem answers. An

@@ -49,7 +49,7 @@ FROM generate_series(1, $1) AS i`, rows); err != nil {
 	if after := tableDigest(t, db.Pool); after != before {
 		t.Fatalf("old rows changed by the upgrade:\nbefore %s\nafter  %s", before, after)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM processed_messages
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages
 WHERE request_fingerprint IS NULL AND response_status IS NULL AND response_headers IS NULL AND response_body IS NULL`); n != rows {
 		t.Fatalf("%d of %d old rows have NULL response columns", n, rows)
 	}
@@ -85,11 +85,11 @@ WHERE request_fingerprint IS NULL AND response_status IS NULL AND response_heade
 	if _, err := p.DownTo(ctx, 1); err != nil {
 		t.Fatalf("down to 1: %v", err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM information_schema.columns
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM information_schema.columns
 WHERE table_schema = current_schema() AND table_name = 'processed_messages' AND column_name LIKE 'response%'`); n != 0 {
 		t.Fatalf("%d response columns left after down", n)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != rows+2 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != rows+2 {
 		t.Fatalf("%d rows after down, want %d", n, rows+2)
 	}
 }

@@ -1,49 +1,28 @@
 package cli_test
 
 import (
-	"context"
 	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5/pgxpool"
+	"time"
 
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
-
-// insert adds n rows for consumer whose expires_at is expires (SQL).
-func insert(t *testing.T, pool *pgxpool.Pool, consumer string, n int, processed, expires string) {
-	t.Helper()
-	_, err := pool.Exec(context.Background(), `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
-SELECT $1, md5(random()::text) || g, `+processed+`, `+expires+` FROM generate_series(1, $2::int) g`, consumer, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func rows(t *testing.T, pool *pgxpool.Pool) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_messages`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
 
 // --dry-run counts and deletes nothing; cleanup deletes the expired rows of
 // every consumer, in batches of --batch, and only those.
 func TestCleanupCommand(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	insert(t, db.Pool, "billing", 1_500, "now() - interval '3 days'", "now() - interval '1 hour'")
-	insert(t, db.Pool, "emails", 1_000, "now() - interval '3 days'", "now() - interval '1 second'")
-	insert(t, db.Pool, "emails", 10, "now()", "now() + interval '1 hour'")
+	pgtest.Seed(t, db.Pool, "billing", "old-", 1_500, -time.Hour)
+	pgtest.Seed(t, db.Pool, "emails", "old-", 1_000, -time.Second)
+	pgtest.Seed(t, db.Pool, "emails", "live-", 10, time.Hour)
 
 	r := run(t, "cleanup", "--dry-run", "--batch", "1000", "--database-url", db.URL)
 	if r.code != 0 || r.stdout != "dry run: 2500 expired rows in processed_messages would be deleted, in 3 batches of at most 1000; nothing was deleted\n" {
 		t.Errorf("dry run: %s", r)
 	}
-	if n := rows(t, db.Pool); n != 2_510 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 2_510 {
 		t.Fatalf("%d rows after a dry run, want 2510", n)
 	}
 
@@ -54,7 +33,7 @@ func TestCleanupCommand(t *testing.T) {
 	if n := strings.Count(r.stderr, `msg="pgdedup: cleanup batch"`); n != 3 {
 		t.Errorf("--verbose logged %d batches, want 3:\n%s", n, r.stderr)
 	}
-	if n := rows(t, db.Pool); n != 10 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 10 {
 		t.Errorf("%d rows left, want the 10 live ones", n)
 	}
 	if r = run(t, "cleanup", "--database-url", db.URL); r.code != 0 || !strings.HasPrefix(r.stdout, "deleted 0 expired rows") {

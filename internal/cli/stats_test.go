@@ -30,10 +30,14 @@ type statsJSON struct {
 func TestStatsCommand(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	insert(t, db.Pool, "billing", 1, "'2026-01-01T00:00:00Z'", "'2000-01-01T00:00:00Z'")
-	insert(t, db.Pool, "billing", 1, "'2026-01-02T00:00:00Z'", "'2999-01-01T00:00:00Z'")
-	insert(t, db.Pool, "billing", 1, "'2026-01-03T00:00:00Z'", "'2999-06-01T00:00:00Z'")
-	insert(t, db.Pool, "emails", 2, "now() - interval '1 hour'", "now() - interval '1 minute'")
+	pgtest.Seed(t, db.Pool, "billing", "b", 3, time.Hour)
+	pgtest.Seed(t, db.Pool, "emails", "e", 2, -time.Minute)
+	// Exact times for the billing rows, which the output shows.
+	pgtest.Exec(t, db.Pool, `UPDATE processed_messages SET processed_at = t.processed, expires_at = t.expires
+FROM (VALUES ('b0000001', timestamptz '2026-01-01T00:00:00Z', timestamptz '2000-01-01T00:00:00Z'),
+             ('b0000002', '2026-01-02T00:00:00Z', '2999-01-01T00:00:00Z'),
+             ('b0000003', '2026-01-03T00:00:00Z', '2999-06-01T00:00:00Z')) AS t(id, processed, expires)
+WHERE consumer = 'billing' AND message_id = t.id`)
 
 	r := run(t, "stats", "--json", "--database-url", db.URL)
 	if r.code != 0 {

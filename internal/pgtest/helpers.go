@@ -2,11 +2,16 @@ package pgtest
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgserver"
 )
 
@@ -34,6 +39,56 @@ func Count(t testing.TB, db Querier, sql string, args ...any) int {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// Seed inserts n rows into processed_messages for consumer, IDs
+// SeedID(prefix, 1) … SeedID(prefix, n), in one statement, processed two days
+// ago. They expire about expiresIn from now() (negative: already expired), a
+// microsecond apart and at most expiresIn, so that the order Cleanup takes
+// them in is not arbitrary. IDs and expiry both ascend, which keeps the
+// inserts at the right edge of both indexes, and the seeding fast.
+func Seed(t testing.TB, db Querier, consumer, prefix string, n int, expiresIn time.Duration) {
+	t.Helper()
+	Exec(t, db, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
+SELECT $1, $2 || lpad(g::text, 7, '0'), now() - interval '2 days', now() + ($4::bigint - $3 + g) * interval '1 microsecond'
+FROM generate_series(1, $3::int) g`, consumer, prefix, n, expiresIn.Microseconds())
+}
+
+// SeedID is the i-th message ID Seed inserts with prefix.
+func SeedID(prefix string, i int) string { return fmt.Sprintf("%s%07d", prefix, i) }
+
+// HoldClaim claims id with store in a transaction of its own on db and
+// leaves that transaction open, so that a claim of id elsewhere waits for it.
+// The caller commits or rolls it back; it is rolled back when t ends.
+func HoldClaim(t testing.TB, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, store *pgdedup.Store, id string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if claimed, err := store.Claim(ctx, tx, id); err != nil || !claimed {
+		t.Fatalf("pgtest: holding the claim of %s: claimed=%v err=%v", id, claimed, err)
+	}
+	return tx
+}
+
+// FanOut runs f(0) … f(n-1) concurrently, waits for them all, and fails t
+// with every error they returned.
+func FanOut(t testing.TB, n int, f func(i int) error) {
+	t.Helper()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // StartCluster starts a throwaway PostgreSQL cluster of t's own (see

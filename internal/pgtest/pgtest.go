@@ -140,6 +140,9 @@ func New(t testing.TB) *DB {
 	if err := pgdedup.Migrate(ctx, sqlDB); err != nil {
 		t.Fatalf("pgtest: migrate %s: %v", db.Schema, err)
 	}
+	if col := CitusColumn(); col != "" {
+		db.Distribute(t, "processed_messages", col, false)
+	}
 	return db
 }
 

@@ -1,0 +1,90 @@
+package pgdedupotel_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// setup returns a migrated schema with a charges table, and a Store on it.
+func setup(t *testing.T, cfg pgdedup.Config) (*pgxpool.Pool, *pgdedup.Store) {
+	t.Helper()
+	db := pgtest.New(t)
+	mustExec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+	store, err := pgdedup.New(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db.Pool, store
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// charge is the business write: one charges row per order.
+func charge(id string) func(context.Context, pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, id)
+		return err
+	}
+}
+
+func chargeBatch(ctx context.Context, tx pgx.Tx, fresh []string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) SELECT unnest($1::text[])`, fresh)
+	return err
+}
+
+// failOnce makes fn fail its first attempt with a serialization failure, which
+// Process retries.
+func failOnce(fn func(context.Context, pgx.Tx) error) func(context.Context, pgx.Tx) error {
+	failed := false
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if !failed {
+			failed = true
+			return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+		}
+		return fn(ctx, tx)
+	}
+}
+
+// holdClaim claims id in a transaction left open, as a first delivery still
+// being processed; the test ends it.
+func holdClaim(t *testing.T, pool *pgxpool.Pool, store *pgdedup.Store, id string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if ok, err := store.Claim(ctx, tx, id); err != nil || !ok {
+		t.Fatalf("hold claim of %s: %v, %v", id, ok, err)
+	}
+	return tx
+}

@@ -1,0 +1,169 @@
+package pgdedupprom_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/contrib/pgdedupprom"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+var perConsumer = []string{"pgdedup_stats_up", "pgdedup_rows", "pgdedup_expired_rows",
+	"pgdedup_oldest_processed_timestamp_seconds", "pgdedup_next_expiry_timestamp_seconds"}
+
+// The exported numbers are the table's: rows written by Process and by hand,
+// then what a Cleanup left.
+func TestCollectorExportsTheTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{})
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
+	}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP pgdedup_stats_up 1 if the last read of the dedup table's stats succeeded, else 0.
+# TYPE pgdedup_stats_up gauge
+pgdedup_stats_up{table="processed_messages"} 1
+`), perConsumer...); err != nil {
+		t.Errorf("empty table: %v", err)
+	}
+
+	// billing: 3 rows of which 1 expired; emails: 2 rows, both expired.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at) VALUES
+	('billing', 'a', '2026-01-01T00:00:00Z', '2000-01-01T00:00:00Z'),
+	('billing', 'b', '2026-01-02T00:00:00Z', '2999-01-01T00:00:00Z'),
+	('emails', 'a', '2026-01-01T00:00:10.5Z', '2001-01-01T00:00:00Z'),
+	('emails', 'b', '2026-01-01T00:00:20Z', '2001-01-01T00:00:00Z')`); err != nil {
+		t.Fatal(err)
+	}
+	var claimedAt time.Time
+	if _, err := store.Process(ctx, "c", func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT now()`).Scan(&claimedAt)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The claim expires Retention after its transaction's now().
+	next := float64(claimedAt.Add(time.Hour).UnixNano()) / 1e9
+	want := fmt.Sprintf(`
+# HELP pgdedup_expired_rows Rows past their expires_at, per consumer: the next cleanup deletes them.
+# TYPE pgdedup_expired_rows gauge
+pgdedup_expired_rows{consumer="billing",table="processed_messages"} 1
+pgdedup_expired_rows{consumer="emails",table="processed_messages"} 2
+# HELP pgdedup_next_expiry_timestamp_seconds Earliest expires_at still ahead among the consumer's rows, Unix time.
+# TYPE pgdedup_next_expiry_timestamp_seconds gauge
+pgdedup_next_expiry_timestamp_seconds{consumer="billing",table="processed_messages"} %s
+# HELP pgdedup_oldest_processed_timestamp_seconds processed_at of the consumer's oldest row, Unix time.
+# TYPE pgdedup_oldest_processed_timestamp_seconds gauge
+pgdedup_oldest_processed_timestamp_seconds{consumer="billing",table="processed_messages"} 1.7672256e+09
+pgdedup_oldest_processed_timestamp_seconds{consumer="emails",table="processed_messages"} 1.7672256105e+09
+# HELP pgdedup_rows Rows in the dedup table, per consumer.
+# TYPE pgdedup_rows gauge
+pgdedup_rows{consumer="billing",table="processed_messages"} 3
+pgdedup_rows{consumer="emails",table="processed_messages"} 2
+# HELP pgdedup_stats_up 1 if the last read of the dedup table's stats succeeded, else 0.
+# TYPE pgdedup_stats_up gauge
+pgdedup_stats_up{table="processed_messages"} 1
+`, strconv.FormatFloat(next, 'g', -1, 64))
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), perConsumer...); err != nil {
+		t.Errorf("after the inserts: %v", err)
+	}
+	sizes := gather(t, c)
+	if sizes["pgdedup_table_size_bytes"] <= 0 || sizes["pgdedup_indexes_size_bytes"] <= 0 {
+		t.Errorf("sizes: %v", sizes)
+	}
+
+	deleted, err := store.Cleanup(ctx)
+	if err != nil || deleted != 3 {
+		t.Fatalf("cleanup: %d, %v", deleted, err)
+	}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP pgdedup_expired_rows Rows past their expires_at, per consumer: the next cleanup deletes them.
+# TYPE pgdedup_expired_rows gauge
+pgdedup_expired_rows{consumer="billing",table="processed_messages"} 0
+# HELP pgdedup_rows Rows in the dedup table, per consumer.
+# TYPE pgdedup_rows gauge
+pgdedup_rows{consumer="billing",table="processed_messages"} 2
+`), "pgdedup_rows", "pgdedup_expired_rows"); err != nil {
+		t.Errorf("after cleanup: %v", err)
+	}
+}
+
+// A read that fails is pgdedup_stats_up 0, logged, and nothing else; the
+// scrape itself succeeds.
+func TestCollectorReportsAFailedRead(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Table: "ops.nowhere"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err := testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP pgdedup_stats_up 1 if the last read of the dedup table's stats succeeded, else 0.
+# TYPE pgdedup_stats_up gauge
+pgdedup_stats_up{table="ops.nowhere"} 0
+`)); err != nil {
+		t.Error(err)
+	}
+	if !strings.Contains(log.String(), "table not found") {
+		t.Errorf("log: %s", log.String())
+	}
+}
+
+// With MaxAge, scrapes within it reuse the last read.
+func TestCollectorMaxAgeReusesARead(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: time.Hour})
+	fresh := pgdedupprom.NewCollector(store, pgdedupprom.Options{})
+	_ = gather(t, cached)
+	noop := func(context.Context, pgx.Tx) error { return nil }
+	if _, err := store.Process(context.Background(), "a", noop); err != nil {
+		t.Fatal(err)
+	}
+	if got := gather(t, cached)["pgdedup_rows"]; got != 0 {
+		t.Errorf("cached collector: %v rows, want the first read's 0", got)
+	}
+	if got := gather(t, fresh)["pgdedup_rows"]; got != 1 {
+		t.Errorf("collector without MaxAge: %v rows, want 1", got)
+	}
+}
+
+// gather registers c alone and sums each metric's series.
+func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			out[mf.GetName()] += m.GetGauge().GetValue()
+		}
+	}
+	return out
+}

@@ -1,0 +1,70 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// With TEST_CITUS_DISTRIBUTE set to a column of processed_messages (message_id),
+// TEST_DATABASE_URL is taken to be a Citus coordinator: New distributes each
+// test's processed_messages by that column after migrating it, and Distribute
+// distributes the business tables the tests create, so the whole suite runs
+// against distributed tables. TEST_CITUS_SHARDS sets citus.shard_count for
+// them (Citus's default, 32, when unset).
+
+// CitusColumn returns the distribution column of processed_messages named by
+// TEST_CITUS_DISTRIBUTE, or "" when tests run on plain PostgreSQL.
+func CitusColumn() string { return os.Getenv("TEST_CITUS_DISTRIBUTE") }
+
+// Distribute makes table (in db's schema) a hash-distributed Citus table on
+// column, co-located with processed_messages when colocate is set, if the
+// suite runs on Citus (CitusColumn); otherwise it does nothing. Call it right
+// after creating the table, before writing to it.
+func (db *DB) Distribute(t testing.TB, table, column string, colocate bool) {
+	t.Helper()
+	if CitusColumn() == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, db.base)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if err := distribute(ctx, admin, db.Schema, table, column, colocate); err != nil {
+		t.Fatalf("pgtest: distribute %s.%s by %s: %v", db.Schema, table, column, err)
+	}
+}
+
+func distribute(ctx context.Context, admin *pgx.Conn, schema, table, column string, colocate bool) error {
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
+	if n := os.Getenv("TEST_CITUS_SHARDS"); n != "" {
+		if _, err := strconv.Atoi(n); err != nil {
+			return fmt.Errorf("TEST_CITUS_SHARDS=%q is not a number", n)
+		}
+		if _, err := tx.Exec(ctx, "SET LOCAL citus.shard_count = "+n); err != nil {
+			return err
+		}
+	}
+	with := "default"
+	if colocate {
+		with = schema + ".processed_messages"
+	}
+	_, err = tx.Exec(ctx, `SELECT create_distributed_table($1, $2, colocate_with => $3)`,
+		pgx.Identifier{schema, table}.Sanitize(), column, with)
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
