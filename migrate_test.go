@@ -102,7 +102,7 @@ func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
 	if !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) || !strings.Contains(err.Error(), "pgdedup migrate sql --goose-dir") {
 		t.Fatalf("Migrate after the host's goose: %v", err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = $2`, db.Schema, pgdedup.VersionTable); n != 0 {
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = $2`, db.Schema, pgdedup.VersionTable); n != 0 {
 		t.Fatalf("Migrate created %s", pgdedup.VersionTable)
 	}
 	// A pgdedup_db_version with no migration applied, as `pgdedup migrate up`
@@ -117,6 +117,10 @@ func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
 	// next one: Migrate creates its own in the first.
 	other := pgtest.NewUnmigrated(t)
 	url, err := pgtest.WithSearchPath(db.URL, other.Schema+","+db.Schema)
+	if pgtest.PgBouncer() { // which refuses a search_path startup parameter
+		url = other.URL
+		mustExec(t, db.Pool, `ALTER ROLE `+other.Schema+` SET search_path = `+other.Schema+`, `+db.Schema)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +132,7 @@ func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
 	if err := pgdedup.Migrate(ctx, both); err != nil {
 		t.Fatalf("Migrate with processed_messages further down the search_path: %v", err)
 	}
-	if n := count(t, other.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', $2)`, other.Schema, pgdedup.VersionTable); n != 2 {
+	if n := pgtest.Count(t, other.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', $2)`, other.Schema, pgdedup.VersionTable); n != 2 {
 		t.Fatalf("%d of processed_messages, %s in the first schema, want 2", n, pgdedup.VersionTable)
 	}
 }
