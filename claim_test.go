@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,6 +102,19 @@ func TestClaimWithLockTimeoutRestoresSetting(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = first.Rollback(ctx)
+}
+
+// A nil transaction is an error, as with ClaimSQL, not a panic.
+func TestClaimNilTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	if _, err := b.store.Claim(ctx, nil, "m"); err == nil || !strings.Contains(err.Error(), "tx must not be nil") {
+		t.Errorf("Claim with a nil tx: %v", err)
+	}
+	if _, err := b.store.ClaimBatch(ctx, nil, []string{"m"}); err == nil || !strings.Contains(err.Error(), "tx must not be nil") {
+		t.Errorf("ClaimBatch with a nil tx: %v", err)
+	}
 }
 
 func TestClaimBatch(t *testing.T) {

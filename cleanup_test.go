@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // 200,000 expired rows of two consumers among live ones: exactly the expired
@@ -116,5 +120,66 @@ func TestCleanupHonorsCtxBetweenBatches(t *testing.T) {
 	}
 	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 10 {
 		t.Errorf("%d rows left, want the 10 live ones", n)
+	}
+}
+
+// A batch's two statements (take the turn, delete) are one round trip and one
+// implicit transaction in each of pgx's query modes, the simple protocol too:
+// Cleanup deletes every expired row, in one round trip per batch once its
+// statements are prepared, and leaves on its connection neither the turn nor
+// its lock. Behind PgBouncer (TEST_PGBOUNCER) the modes that prepare
+// statements are left out: PgBouncer < 1.21 cannot run them.
+func TestCleanupInEveryQueryMode(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	modes := []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
+	if os.Getenv("TEST_PGBOUNCER") == "" {
+		modes = append(modes, pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec)
+	}
+	proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
+	for _, mode := range modes {
+		cfg, err := pgx.ParseConfig(proxied)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DefaultQueryExecMode = mode
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		store, err := pgdedup.New(conn, pgdedup.Config{Consumer: "billing", CleanupBatchSize: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pgtest.Seed(t, b.pool, "billing", "live-"+mode.String()+"-", 10, time.Hour)
+		for run := range 2 { // the first prepares the statements, in the modes that do
+			pgtest.Seed(t, b.pool, "billing", fmt.Sprintf("old-%s-%d-", mode, run), 250, -time.Hour)
+			before := proxy.RoundTrips()
+			if deleted, err := store.Cleanup(ctx); err != nil || deleted != 250 {
+				t.Errorf("%s: Cleanup = %d, %v; want 250, nil", mode, deleted, err)
+			}
+			want := int64(3)
+			if mode == pgx.QueryExecModeDescribeExec {
+				want = 6 // it describes the statements first, for every query
+			}
+			if rt := proxy.RoundTrips() - before; run == 1 && rt != want {
+				t.Errorf("%s: Cleanup of 3 batches took %d round trips, want %d", mode, rt, want)
+			}
+		}
+		var turn string
+		var locks int
+		err = conn.QueryRow(ctx, `SELECT coalesce(current_setting('pgdedup.cleanup_turn', true), ''),
+(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())`).Scan(&turn, &locks)
+		if err != nil || turn == "true" || locks != 0 {
+			t.Errorf("%s: after Cleanup the connection has turn %q and %d advisory locks (%v); want neither", mode, turn, locks, err)
+		}
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < now()`); n != 0 {
+		t.Errorf("%d expired rows left", n)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 10*len(modes) {
+		t.Errorf("%d rows left, want the %d live ones", n, 10*len(modes))
 	}
 }

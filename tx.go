@@ -71,6 +71,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 	if err := ValidateMessageID(messageID); err != nil {
 		return false, err
 	}
+	if tx == nil {
+		return false, errNilTx
+	}
 	a, err := s.singleAround(ctx, pgxQueryRow(tx))
 	if err != nil {
 		return false, err
@@ -93,6 +96,9 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) 
 	sorted, err := prepareBatch(messageIDs)
 	if err != nil || len(sorted) == 0 {
 		return nil, err
+	}
+	if tx == nil {
+		return nil, errNilTx
 	}
 	l, err := s.layout(ctx, pgxQueryRow(tx))
 	if err != nil {

@@ -3,6 +3,7 @@ package pgdedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -116,28 +117,43 @@ func TestLongestValidIDRoundTrips(t *testing.T) {
 	}
 }
 
+// New rejects a bad Config before touching the database with a *ConfigError
+// naming the field, and Validate says the same without a database. Zero
+// values are not errors: they take the defaults.
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	for name, cfg := range map[string]pgdedup.Config{
-		"no consumer":            {},
-		"consumer NUL":           {Consumer: "a\x00"},
-		"consumer not UTF-8":     {Consumer: "a\xff"},
-		"table injection":        {Consumer: "c", Table: `processed_messages; DROP TABLE charges; --`},
-		"table quote":            {Consumer: "c", Table: `x"y`},
-		"table three parts":      {Consumer: "c", Table: "a.b.c"},
-		"table empty part":       {Consumer: "c", Table: "public."},
-		"table leading digit":    {Consumer: "c", Table: "1table"},
-		"table too long":         {Consumer: "c", Table: strings.Repeat("t", 64)},
-		"negative retention":     {Consumer: "c", Retention: -time.Hour},
-		"negative lock timeout":  {Consumer: "c", LockTimeout: -time.Second},
-		"negative attempts":      {Consumer: "c", MaxAttempts: -1},
-		"negative cleanup batch": {Consumer: "c", CleanupBatchSize: -5},
-		"read-only transactions": {Consumer: "c", TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}},
+	for name, c := range map[string]struct {
+		cfg   pgdedup.Config
+		field string
+	}{
+		"no consumer":            {pgdedup.Config{}, "Consumer"},
+		"consumer NUL":           {pgdedup.Config{Consumer: "a\x00"}, "Consumer"},
+		"consumer not UTF-8":     {pgdedup.Config{Consumer: "a\xff"}, "Consumer"},
+		"table injection":        {pgdedup.Config{Consumer: "c", Table: `processed_messages; DROP TABLE charges; --`}, "Table"},
+		"table quote":            {pgdedup.Config{Consumer: "c", Table: `x"y`}, "Table"},
+		"table three parts":      {pgdedup.Config{Consumer: "c", Table: "a.b.c"}, "Table"},
+		"table empty part":       {pgdedup.Config{Consumer: "c", Table: "public."}, "Table"},
+		"table leading digit":    {pgdedup.Config{Consumer: "c", Table: "1table"}, "Table"},
+		"table too long":         {pgdedup.Config{Consumer: "c", Table: strings.Repeat("t", 64)}, "Table"},
+		"offset table":           {pgdedup.Config{Consumer: "c", OffsetTable: "a.b.c"}, "OffsetTable"},
+		"negative retention":     {pgdedup.Config{Consumer: "c", Retention: -time.Hour}, "Retention"},
+		"negative lock timeout":  {pgdedup.Config{Consumer: "c", LockTimeout: -time.Second}, "LockTimeout"},
+		"negative attempts":      {pgdedup.Config{Consumer: "c", MaxAttempts: -1}, "MaxAttempts"},
+		"negative cleanup batch": {pgdedup.Config{Consumer: "c", CleanupBatchSize: -5}, "CleanupBatchSize"},
+		"read-only transactions": {pgdedup.Config{Consumer: "c", TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}, "TxOptions"},
 	} {
-		if _, err := pgdedup.New(b.pool, cfg); err == nil {
-			t.Errorf("%s: New accepted %+v", name, cfg)
+		_, err := pgdedup.New(b.pool, c.cfg)
+		var ce *pgdedup.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field || !strings.HasPrefix(err.Error(), "pgdedup: Config."+c.field+" ") {
+			t.Errorf("%s: New returned %v, want a ConfigError for %s", name, err, c.field)
 		}
+		if verr := c.cfg.Validate(); verr == nil || verr.Error() != fmt.Sprint(err) {
+			t.Errorf("%s: Validate returned %v, New %v", name, verr, err)
+		}
+	}
+	if err := (pgdedup.Config{Consumer: "c"}).Validate(); err != nil {
+		t.Errorf("the zero values of a Config with a consumer: %v", err)
 	}
 	if _, err := pgdedup.New(nil, pgdedup.Config{Consumer: "c"}); err == nil {
 		t.Error("New accepted a nil DB")

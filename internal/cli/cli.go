@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 const usage = `pgdedup: operations for the pgdedup dedup table.
@@ -21,7 +23,7 @@ Commands:
   demo                         see exactly-once against broken recipes
 
 The database comes from --database-url or DATABASE_URL (a password in it is
-never printed). cleanup and stats take --table (default processed_messages,
+never printed). cleanup and stats take --table (default ` + pgdedup.DefaultTable + `,
 optionally schema.table). Cleanup and stats cover every consumer in the table.
 Run "pgdedup <command> --help" for a command's flags and examples.
 `

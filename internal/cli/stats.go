@@ -20,10 +20,7 @@ then the size of the table and of its indexes. It reads the whole table: on
 tens of millions of rows, expect it to take seconds.
 
 Flags:
-  --database-url URL   the database (default: $DATABASE_URL)
-  --table NAME         the dedup table, optionally schema.table (default: processed_messages)
-  --json               print JSON instead of a table (times in RFC 3339, sizes in bytes)
-
+{{flags}}
 Examples:
   pgdedup stats --database-url 'postgres://app@db:5432/app?sslmode=require'
   DATABASE_URL=postgres://app@db/app pgdedup stats --json | jq '.consumers[] | {consumer, expired_rows}'
@@ -38,7 +35,7 @@ type stats struct {
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("stats", statsHelp, stdout, stderr)
 	fs := c.flags(true)
-	asJSON := fs.Bool("json", false, "")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table (times in RFC 3339, sizes in bytes)")
 	rest, code, ok := c.parse(fs, args)
 	switch {
 	case !ok:
@@ -46,21 +43,11 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case len(rest) > 0:
 		return c.usageError("unexpected argument %q", rest[0])
 	}
-	if _, err := c.store(nil, 0, nil); err != nil {
-		return c.usageError("%s", err)
-	}
-	conn, code := c.connect(ctx)
-	if conn == nil {
+	store, conn, code := c.openStore(ctx, 0, nil)
+	if store == nil {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	store, err := c.store(conn, 0, nil)
-	if err != nil {
-		return c.fail(err)
-	}
-	if err := c.checkTable(ctx, conn, store); err != nil {
-		return c.fail(err)
-	}
 	ps, err := store.Stats(ctx)
 	if err != nil {
 		return c.fail(err)

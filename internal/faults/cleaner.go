@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
 )
@@ -25,7 +26,7 @@ const (
 // expires_at. Stop checks that Cleanup deleted only expired rows and kept
 // running.
 type CleanerLoad struct {
-	db     pgdedup.DB
+	db     *pgxpool.Pool
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -44,7 +45,7 @@ type CleanerFigures struct {
 
 // StartCleanerLoad seeds the rows and starts the cleaner (every 50ms, in
 // batches of 250) and the short-retention producer, on db's processed_messages.
-func StartCleanerLoad(t testing.TB, db pgdedup.DB) *CleanerLoad {
+func StartCleanerLoad(t testing.TB, db *pgxpool.Pool) *CleanerLoad {
 	t.Helper()
 	ctx := context.Background()
 	for _, sql := range []string{
