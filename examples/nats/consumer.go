@@ -97,16 +97,26 @@ func consume(ctx context.Context, cfg consumerConfig) error {
 	})
 	defer stop()
 	var pullErr error
+pull:
 	for {
 		m, err := it.Next()
-		if err != nil {
-			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				pullErr = fmt.Errorf("pull: %w", err)
-				it.Stop()
-			}
-			break
+		switch {
+		case err == nil:
+			msgs <- m
+		case errors.Is(err, jetstream.ErrNoHeartbeat):
+			// The server's heartbeats were late (a busy machine, a network
+			// blip); the iterator issues a new pull request and goes on.
+			cfg.Log.Warn("pull: missed heartbeats", "error", err)
+		case errors.Is(err, nats.ErrConnectionClosed): // reconnects gave up
+			pullErr = fmt.Errorf("NATS connection lost: %w", err)
+			break pull
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed): // drained after SIGTERM
+			break pull
+		default: // the consumer was deleted, or the server refused the pull
+			pullErr = fmt.Errorf("pull: %w", err)
+			it.Stop()
+			break pull
 		}
-		msgs <- m
 	}
 	close(msgs)
 	done := make(chan struct{})

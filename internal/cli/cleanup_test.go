@@ -30,7 +30,9 @@ func TestCleanupCommand(t *testing.T) {
 	if r.code != 0 || !regexp.MustCompile(`^deleted 2500 expired rows from processed_messages in [0-9.]+m?s\n$`).MatchString(r.stdout) {
 		t.Errorf("cleanup: %s", r)
 	}
-	if n := strings.Count(r.stderr, `msg="pgdedup: cleanup batch"`); n != 3 {
+	// On Citus, Cleanup deletes by windows of expires_at, each of at most
+	// --batch rows: at least 3 of them.
+	if n := strings.Count(r.stderr, `msg="pgdedup: cleanup batch"`); n != 3 && (pgtest.CitusColumn() == "" || n < 3) {
 		t.Errorf("--verbose logged %d batches, want 3:\n%s", n, r.stderr)
 	}
 	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 10 {

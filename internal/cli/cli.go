@@ -20,6 +20,8 @@ Commands:
   cleanup [--batch N] [--dry-run]
                                delete expired message IDs (for cron)
   stats [--json]               rows per consumer, expiry, table size
+  citus distribute [--colocate TABLE:COLUMN]...
+                               distribute the table over a Citus cluster
   demo                         see exactly-once against broken recipes
 
 The database comes from --database-url or DATABASE_URL (a password in it is
@@ -46,6 +48,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCleanup(ctx, rest, stdout, stderr)
 	case "stats":
 		return runStats(ctx, rest, stdout, stderr)
+	case "citus":
+		return runCitus(ctx, rest, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, rest, stdout, stderr)
 	default:
