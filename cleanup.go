@@ -7,32 +7,35 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Cleanup deletes the rows whose expires_at has passed, of every consumer in
-// the table (not only the Store's), and returns how many it deleted. It never
+// Cleanup deletes the expired rows (expires_at passed) of every consumer in
+// the table, not only the [Store]'s, and returns how many it deleted. It never
 // deletes a row that has not expired, so an ID stays a duplicate for its whole
-// Retention. One cleaner per database is enough.
+// [Config.Retention]. One cleaner per database is enough.
 //
-// It deletes in transactions of at most Config.CleanupBatchSize rows, each
+// It deletes in transactions of at most [Config.CleanupBatchSize] rows, each
 // committed on its own, until a batch comes back short: no lock is held for
-// long, the WAL is written in small pieces, and an interrupted Cleanup keeps
-// the batches it committed. ctx is checked between batches and also cancels
-// the batch in flight: Cleanup then returns ctx.Err() and the rows deleted by
-// the batches it saw commit (the batch it interrupted may have committed too).
-// Rows committed late by a long transaction with an expires_at behind the
-// run's progress are left to the next run.
+// long, and an interrupted Cleanup keeps the batches it committed. ctx is
+// checked between batches and also cancels the batch in flight: Cleanup then
+// returns ctx.Err() and the rows deleted by the batches it saw commit (the
+// batch it interrupted may have committed too). Rows committed late by a long
+// transaction, with an expires_at behind the run's progress, are left to the
+// next run.
 //
-// Cleanup is safe to run from many processes at once: cleaners of a table take
-// turns through a transaction-scoped advisory lock tried once per batch, so
-// they never wait for each other or deadlock, and a Cleanup that finds another
-// cleaner at work returns and leaves the rest to it. It never waits on a claim.
-// It holds no session state, so it works behind PgBouncer in transaction
-// pooling mode, and needs only SELECT and DELETE on the table.
+// Any number of Cleanups may run at once, from any process: they never wait
+// for each other or deadlock, never wait on a claim, and one that finds
+// another at work returns and leaves the rest to it. Once every one of a set
+// of concurrent Cleanups has returned without error, no row that had expired
+// before the first of them started is left (except rows committed late, as
+// above). Cleanup keeps nothing in the session, so it works behind PgBouncer
+// in transaction pooling mode, and needs only SELECT and DELETE on the table.
 //
-// Each run is logged (info: rows deleted and duration; each batch at debug
-// level) and reported to Config.OnEvent as an EventCleanup.
+// Each run is logged ([Config.Logger]: info with the rows deleted and the
+// duration, debug for each batch) and reported to [Config.OnEvent] as an
+// [EventCleanup].
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
@@ -43,7 +46,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	if l.citus {
 		return s.cleanupCitus(ctx)
 	}
-	sql := s.cleanupSQL()
+	turnSQL, deleteSQL := s.cleanupSQL()
 	batch := int64(s.cfg.CleanupBatchSize)
 	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	for {
@@ -51,8 +54,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 			return deleted, err
 		}
 		t0 := time.Now()
-		var n int64
-		err := s.db.QueryRow(ctx, sql, batch, from).Scan(&n, &from)
+		turn, n, err := s.cleanupBatch(ctx, turnSQL, deleteSQL, batch, &from)
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return deleted, ctxErr
@@ -60,48 +62,86 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 			return deleted, fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, withDetail(err))
 		}
 		deleted += n
-		s.log.DebugContext(ctx, "pgdedup: cleanup batch", "deleted", n, "duration", time.Since(t0))
-		if n < batch {
+		s.log.DebugContext(ctx, "pgdedup: cleanup batch", "deleted", n, "turn", turn, "duration", time.Since(t0))
+		// Without the turn, another cleaner holds it: it was given the turn
+		// after this one's last batch committed, so it sees everything this one
+		// deleted and goes on until its own batch comes back short. With the
+		// turn, a short batch means nothing expired is left from *from on, as
+		// of a snapshot taken after the turn was held.
+		if !turn || n < batch {
 			return deleted, nil
 		}
 	}
 }
 
-// cleanupSQL deletes one batch, as one statement and so one transaction: the
-// oldest expired rows from expires_at $2 on. It returns how many it deleted and
-// the latest expires_at among them, where the next batch starts, so that no
-// batch walks again over the index entries of the rows deleted before it: until
-// vacuum removes them (and it cannot while any older transaction is open) every
-// scan from the start of the index would visit them all, and a long Cleanup
-// would slow down batch after batch.
+// cleanupBatch sends one batch's two statements (see cleanupSQL) in one round
+// trip and one implicit transaction. It reports whether this cleaner had the
+// turn and how many rows it deleted, and moves *from to where the next batch
+// starts.
+func (s *Store) cleanupBatch(ctx context.Context, turnSQL, deleteSQL string, batch int64, from *pgtype.Timestamptz) (turn bool, n int64, err error) {
+	b := &pgx.Batch{}
+	b.Queue(turnSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&turn) })
+	b.Queue(deleteSQL, batch, *from).QueryRow(func(row pgx.Row) error { return row.Scan(&n, from) })
+	return turn, n, s.db.SendBatch(ctx, b).Close()
+}
+
+// cleanupSQL returns the two statements of a batch, sent together as one pgx
+// batch: one round trip, and one implicit transaction (no BEGIN, nothing left
+// in the session; the same with pgx's simple protocol, where they go as one
+// multi-statement query).
 //
-// Concurrent cleaners take turns through a transaction-scoped advisory lock
-// (keyed by the table's OID), tried once per batch: a batch that does not
-// get it deletes nothing, and its Cleanup leaves the rest to the cleaner at work.
-// So cleaners never wait for each other, the lock ends with each batch's
-// transaction (PgBouncer-safe), and, unlike FOR UPDATE SKIP LOCKED, no UPDATE
-// privilege is needed: SELECT and DELETE are enough. Claims never wait on a
-// cleaner except for an expired ID redelivered while its row is being deleted,
-// and a cleaner never waits on a claim (ON CONFLICT DO NOTHING locks nothing).
+// The first takes this batch's turn: concurrent cleaners take turns through a
+// transaction-scoped advisory lock (keyed by the table's OID), tried once per
+// batch and kept, with the answer, until the transaction ends. A batch that
+// does not get it deletes nothing, and its Cleanup leaves the rest to the
+// cleaner at work. So cleaners never wait for each other, the lock ends with
+// each batch's transaction (PgBouncer-safe), and, unlike FOR UPDATE SKIP
+// LOCKED, no UPDATE privilege is needed: SELECT and DELETE are enough. Claims
+// never wait on a cleaner except for an expired ID redelivered while its row
+// is being deleted, and a cleaner never waits on a claim (ON CONFLICT DO
+// NOTHING locks nothing).
 //
+// The turn is taken in a statement of its own, before the DELETE, because in
+// READ COMMITTED each statement takes its snapshot when it starts: a DELETE
+// that tried the lock itself would pick its rows from a snapshot older than
+// its turn, could miss the last batch committed by the cleaner before it,
+// delete less than a batch, and end its run while that cleaner, finding the
+// turn taken, ended its own: both gone, expired rows left. Here the DELETE's
+// snapshot is taken with the turn held, so it sees every batch committed
+// before.
+//
+// The second deletes the oldest expired rows from expires_at $2 on, if the
+// turn was taken (a constant condition: without the turn no index is read).
+// It returns how many it deleted and the latest expires_at among them, where
+// the next batch starts, so that no batch walks again over the index entries
+// of the rows deleted before it: until vacuum removes them (and it cannot
+// while any older transaction is open) every scan from the start of the index
+// would visit them all, and a long Cleanup would slow down batch after batch.
 // The rows are found through the expires_at index and deleted by ctid (a TID
 // scan, no second index lookup); the DELETE checks expires_at again.
-func (s *Store) cleanupSQL() string {
+func (s *Store) cleanupSQL() (turn, del string) {
 	t := s.sql.table
-	return `WITH deleted AS (
+	turn = `SELECT set_config('` + cleanupTurnSetting + `', pg_try_advisory_xact_lock(` +
+		cleanupLockClass + `, '` + t + `'::regclass::oid::int4)::text, true)::boolean`
+	del = `WITH deleted AS (
 DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
-SELECT ctid FROM ` + t + ` WHERE expires_at < now() AND expires_at >= $2
+SELECT ctid FROM ` + t + ` WHERE current_setting('` + cleanupTurnSetting + `', true) = 'true'
+AND expires_at < now() AND expires_at >= $2
 ORDER BY expires_at LIMIT $1))
 AND expires_at < now()
-AND (SELECT pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + t + `'::regclass::oid::int4))
 RETURNING expires_at)
 SELECT count(*), coalesce(max(expires_at), $2) FROM deleted`
+	return turn, del
 }
 
 // cleanupLockClass is the first half of the cleaners' advisory lock key ("pgdd"
 // in ASCII); the second is the table's OID, so cleaners of different tables, or
 // of same-named tables in different schemas, never take turns.
 const cleanupLockClass = "1885824100"
+
+// cleanupTurnSetting holds, until a batch's transaction ends (set_config's
+// is_local), whether that batch got the turn.
+const cleanupTurnSetting = "pgdedup.cleanup_turn"
 
 // cleanupDone logs and reports one Cleanup run. A run stopped by its context
 // (a service shutting down) is not a failure worth a warning.

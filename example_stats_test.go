@@ -11,8 +11,9 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// Stats is what `pgdedup stats` prints and what a metrics exporter reads: rows
-// per consumer, expired rows, sizes.
+// Stats is what `pgdedup stats` prints and what a metrics exporter reads (the
+// Prometheus collector in contrib/pgdedupprom does): rows per consumer, expired
+// rows, sizes.
 func ExampleStore_Stats() {
 	pool, done := pgtest.ForExample()
 	defer done()

@@ -17,13 +17,18 @@ const MaxMessageIDLen = 1024
 // ErrInvalidMessageID that says why not. Process and Claim call it before any
 // round trip; it is exported for consumers that want to reject a message early.
 func ValidateMessageID(id string) error {
-	if len(id) > MaxMessageIDLen {
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidMessageID, len(id), MaxMessageIDLen)
-	}
-	if err := validateText(id); err != nil {
+	if err := idProblem(id); err != nil {
 		return fmt.Errorf("%w: %s", ErrInvalidMessageID, err)
 	}
 	return nil
+}
+
+// idProblem says what is wrong with id, or returns nil.
+func idProblem(id string) error {
+	if len(id) > MaxMessageIDLen {
+		return fmt.Errorf("%d bytes, longer than %d", len(id), MaxMessageIDLen)
+	}
+	return validateText(id)
 }
 
 // validateText rejects what Postgres text cannot hold or what can never be a
@@ -52,8 +57,8 @@ type sortedBatch struct {
 // repeats. One bad ID rejects the whole batch.
 func prepareBatch(consumer string, ids []string) (sortedBatch, error) {
 	for i, id := range ids {
-		if err := ValidateMessageID(id); err != nil {
-			return sortedBatch{}, fmt.Errorf("message %d of %d: %w", i, len(ids), err)
+		if err := idProblem(id); err != nil {
+			return sortedBatch{}, fmt.Errorf("%w: message %d of %d: %s", ErrInvalidMessageID, i, len(ids), err)
 		}
 	}
 	type entry struct{ key, id string }

@@ -12,14 +12,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// DB is what a Store needs from Postgres. *pgxpool.Pool satisfies it and is
-// what services should pass; a *pgx.Conn does too, but then the Store must not
-// be used from several goroutines at once, like the Conn itself.
+// DB is what a [Store] calls on Postgres, and nothing more. A
+// *pgxpool.Pool satisfies it and is what services should pass; a *pgx.Conn
+// does too, but then the Store must not be used from several goroutines at
+// once, like the Conn itself.
 type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
@@ -95,11 +94,12 @@ type Store struct {
 	off offsetStatements
 }
 
+// The defaults of the [Config] fields left zero.
 const (
-	defaultTable            = "processed_messages"
-	defaultRetention        = 48 * time.Hour
-	defaultMaxAttempts      = 3
-	defaultCleanupBatchSize = 10_000
+	DefaultTable            = "processed_messages" // Config.Table
+	DefaultRetention        = 48 * time.Hour       // Config.Retention
+	DefaultMaxAttempts      = 3                    // Config.MaxAttempts
+	DefaultCleanupBatchSize = 10_000               // Config.CleanupBatchSize
 )
 
 var (
@@ -118,43 +118,22 @@ var (
 
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
 
-// New returns a Store that records IDs for cfg.Consumer in db. It checks cfg and
-// fills in defaults; it does not touch the database (run Migrate first).
+// New returns a Store that records IDs for cfg.Consumer in db. It checks cfg
+// as [Config.Validate] does and fills in the defaults; it does not touch the
+// database (run [Migrate] first).
 func New(db DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("pgdedup: db must not be nil")
 	}
-	if cfg.Consumer == "" {
-		return nil, errors.New("pgdedup: Config.Consumer is required")
-	}
-	if err := validateText(cfg.Consumer); err != nil {
-		return nil, fmt.Errorf("pgdedup: invalid Config.Consumer: %s", err)
-	}
-	cfg.Table = cmp.Or(cfg.Table, defaultTable)
-	ident, err := parseTable("Table", cfg.Table)
+	ident, offIdent, err := cfg.identifiers()
 	if err != nil {
 		return nil, err
 	}
+	cfg.Table = cmp.Or(cfg.Table, DefaultTable)
+	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
+	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, DefaultCleanupBatchSize)
 	cfg.OffsetTable = cmp.Or(cfg.OffsetTable, defaultOffsetTable(ident))
-	offIdent, err := parseTable("OffsetTable", cfg.OffsetTable)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case cfg.Retention < 0:
-		return nil, fmt.Errorf("pgdedup: Config.Retention must be positive, got %s", cfg.Retention)
-	case cfg.LockTimeout < 0:
-		return nil, fmt.Errorf("pgdedup: Config.LockTimeout must not be negative, got %s", cfg.LockTimeout)
-	case cfg.MaxAttempts < 0:
-		return nil, fmt.Errorf("pgdedup: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
-	case cfg.TxOptions.AccessMode == pgx.ReadOnly:
-		return nil, errors.New("pgdedup: Config.TxOptions must not be read only: the claim is an INSERT")
-	case cfg.CleanupBatchSize < 0:
-		return nil, fmt.Errorf("pgdedup: Config.CleanupBatchSize must not be negative, got %d", cfg.CleanupBatchSize)
-	}
-	cfg.Retention = cmp.Or(cfg.Retention, defaultRetention)
-	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
-	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, defaultCleanupBatchSize)
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -165,16 +144,64 @@ func New(db DB, cfg Config) (*Store, error) {
 	}, nil
 }
 
+// ConfigError is the error [New] and [Config.Validate] return for an invalid
+// [Config] field.
+type ConfigError struct {
+	Field  string // the field's name: "Table", "Retention", …
+	Reason string // what is wrong, worded to follow the name: "must not be negative, got -1s"
+}
+
+// Error returns "pgdedup: Config.Field Reason".
+func (e *ConfigError) Error() string { return "pgdedup: Config." + e.Field + " " + e.Reason }
+
+// Validate returns a *[ConfigError] for the first field of cfg that [New]
+// would reject, or nil. It needs no database. Zero fields are valid: they take
+// their defaults.
+func (cfg Config) Validate() error {
+	_, _, err := cfg.identifiers()
+	return err
+}
+
+// identifiers validates cfg and returns its Table and OffsetTable, defaults
+// filled in, as identifiers.
+func (cfg Config) identifiers() (table, offsets pgx.Identifier, err error) {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case cfg.Consumer == "":
+		return nil, nil, bad("Consumer", "is required")
+	case validateText(cfg.Consumer) != nil:
+		return nil, nil, bad("Consumer", "is %s", validateText(cfg.Consumer))
+	case cfg.Retention < 0:
+		return nil, nil, bad("Retention", "must not be negative, got %s", cfg.Retention)
+	case cfg.LockTimeout < 0:
+		return nil, nil, bad("LockTimeout", "must not be negative, got %s", cfg.LockTimeout)
+	case cfg.MaxAttempts < 0:
+		return nil, nil, bad("MaxAttempts", "must not be negative, got %d", cfg.MaxAttempts)
+	case cfg.TxOptions.AccessMode == pgx.ReadOnly:
+		return nil, nil, bad("TxOptions", "must not be read only: the claim is an INSERT")
+	case cfg.CleanupBatchSize < 0:
+		return nil, nil, bad("CleanupBatchSize", "must not be negative, got %d", cfg.CleanupBatchSize)
+	}
+	if table, err = parseTable("Table", cmp.Or(cfg.Table, DefaultTable)); err != nil {
+		return nil, nil, err
+	}
+	offsets, err = parseTable("OffsetTable", cmp.Or(cfg.OffsetTable, defaultOffsetTable(table)))
+	return table, offsets, err
+}
+
 // parseTable splits "schema.table" or "table", the value of Config.field, into
-// a quoted identifier.
+// an identifier, which the SQL quotes.
 func parseTable(field, name string) (pgx.Identifier, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
-		return nil, fmt.Errorf("pgdedup: invalid Config.%s %q: want table or schema.table", field, name)
+		return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("%q is not table or schema.table", name)}
 	}
 	for _, p := range parts {
 		if !identRe.MatchString(p) {
-			return nil, fmt.Errorf("pgdedup: invalid Config.%s %q: %q is not a plain identifier (letters, digits, _ or $, not starting with a digit, at most 63 bytes)", field, name, p)
+			return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("%q: %q is not a plain identifier "+
+				"(letters, digits, _ or $, not starting with a digit, at most 63 bytes)", name, p)}
 		}
 	}
 	return pgx.Identifier(parts), nil

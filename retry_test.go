@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,5 +133,44 @@ func TestProcessRetriesRespectContext(t *testing.T) {
 	}
 	if n := acquiredConns(b.pool); n != 0 {
 		t.Fatalf("%d connections still acquired", n)
+	}
+}
+
+// IsTransient classifies by SQLSTATE and error type alone, wrapped or not.
+func TestIsTransient(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return &pgconn.PgError{Code: code, Message: "any text"} }
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"serialization failure 40001", pg("40001"), true},
+		{"deadlock 40P01", pg("40P01"), true},
+		{"admin shutdown 57P01", pg("57P01"), true},
+		{"crash shutdown 57P02", pg("57P02"), true},
+		{"cannot connect now 57P03", pg("57P03"), true},
+		{"connection failure 08006", pg("08006"), true},
+		{"connection exception 08000", pg("08000"), true},
+		{"wrapped 40001", fmt.Errorf("charge: %w", pg("40001")), true},
+		{"unique violation 23505", pg("23505"), false},
+		{"lock not available 55P03", pg("55P03"), false},
+		{"undefined table 42P01", pg("42P01"), false},
+		{"query canceled 57014", pg("57014"), false},
+		{"plain error", errors.New("serialization failure"), false},
+		{"context canceled", context.Canceled, false},
+		{"deadline exceeded", fmt.Errorf("claim: %w", context.DeadlineExceeded), false},
+		{"io.EOF", io.EOF, true},
+		{"unexpected EOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{"connection reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
+		{"broken pipe", fmt.Errorf("write: %w", syscall.EPIPE), true},
+		{"connection refused", syscall.ECONNREFUSED, true},
+		{"invalid message ID", pgdedup.ErrInvalidMessageID, false},
+		{"in flight", pgdedup.ErrInFlight, false},
+	} {
+		if got := pgdedup.IsTransient(c.err); got != c.want {
+			t.Errorf("IsTransient(%s) = %v, want %v", c.name, got, c.want)
+		}
 	}
 }

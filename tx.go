@@ -71,6 +71,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 	if err := ValidateMessageID(messageID); err != nil {
 		return false, err
 	}
+	if tx == nil {
+		return false, errNilTx
+	}
 	a, err := s.singleAround(ctx, pgxQueryRow(tx))
 	if err != nil {
 		return false, err
@@ -94,6 +97,9 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) 
 	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
 	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
+	}
+	if tx == nil {
+		return nil, errNilTx
 	}
 	l, err := s.layout(ctx, pgxQueryRow(tx))
 	if err != nil {

@@ -60,6 +60,22 @@ start_rabbitmq() {
   wait_for RabbitMQ rabbitmq-diagnostics -q check_port_connectivity
 }
 
+# NATS with JetStream on 127.0.0.1:4222, for examples/nats. The server's INFO
+# line says whether JetStream is on; a server without it is an error, not
+# something to restart behind the back of whoever started it.
+NATS_DIR=${NATS_DIR:-/tmp/pgdedup-ci-nats}
+nats_info() { timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/4222 && head -n1 <&3'; }
+start_nats() {
+  command -v nats-server >/dev/null || apt_install nats-server
+  if ! nats_info >/dev/null 2>&1; then
+    mkdir -p "$NATS_DIR"
+    echo "ci: starting nats-server -js on 127.0.0.1:4222 (store $NATS_DIR)"
+    setsid nats-server -a 127.0.0.1 -p 4222 -js -sd "$NATS_DIR" -l "$NATS_DIR/nats-server.log" </dev/null >/dev/null 2>&1 &
+  fi
+  wait_for NATS nats_info
+  nats_info | grep -q '"jetstream":true' || { echo "ci: the NATS server on 127.0.0.1:4222 has JetStream off (start it with -js)" >&2; return 1; }
+}
+
 # PgBouncer in transaction pooling mode on 127.0.0.1:6432, in front of the
 # Postgres on 127.0.0.1:5432, for the second test pass (see .ci/run).
 # Any role may log in: auth_type=trust, and roles missing from the auth file are

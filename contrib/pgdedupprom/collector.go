@@ -49,7 +49,8 @@ type Options struct {
 const defaultTimeout = 10 * time.Second
 
 // Collector is a [prometheus.Collector] of a Store's table stats. It is safe
-// for concurrent use; concurrent scrapes share one read.
+// for concurrent use: scrapes read one at a time, and with Options.MaxAge a
+// scrape that waited for another's read reuses it.
 type Collector struct {
 	store *pgdedup.Store
 	opts  Options

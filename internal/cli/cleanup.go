@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"time"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [flags]
@@ -20,13 +22,7 @@ Safe to run from several places at once (cleaners skip each other's rows) and
 while consumers are processing. For cron, or a Kubernetes CronJob.
 
 Flags:
-  --database-url URL   the database (default: $DATABASE_URL)
-  --table NAME         the dedup table, optionally schema.table (default: processed_messages)
-  --batch N            rows per transaction (default: 10000)
-  --dry-run            only count the expired rows; delete nothing
-  --timeout D          give up after D, e.g. 10m; committed batches stay deleted (default: no limit)
-  --verbose            log each batch (rows and time) to stderr
-
+{{flags}}
 Examples:
   pgdedup cleanup --database-url 'postgres://app@db:5432/app?sslmode=require'
   DATABASE_URL=postgres://app@db/app pgdedup cleanup --dry-run
@@ -37,10 +33,10 @@ Examples:
 func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("cleanup", cleanupHelp, stdout, stderr)
 	fs := c.flags(true)
-	batch := fs.Int("batch", 10_000, "")
-	dryRun := fs.Bool("dry-run", false, "")
-	timeout := fs.Duration("timeout", 0, "")
-	verbose := fs.Bool("verbose", false, "")
+	batch := fs.Int("batch", pgdedup.DefaultCleanupBatchSize, "delete at most `N` rows per transaction")
+	dryRun := fs.Bool("dry-run", false, "only count the expired rows; delete nothing")
+	timeout := fs.Duration("timeout", 0, "give up after `D`, e.g. 10m; committed batches stay deleted (default: no limit)")
+	verbose := fs.Bool("verbose", false, "log each batch (rows and time) to stderr")
 	rest, code, ok := c.parse(fs, args)
 	switch {
 	case !ok:
@@ -56,27 +52,16 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if *verbose {
 		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	if _, err := c.store(nil, *batch, logger); err != nil {
-		return c.usageError("%s", err)
-	}
 	if *timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-
-	conn, code := c.connect(ctx)
-	if conn == nil {
+	store, conn, code := c.openStore(ctx, *batch, logger)
+	if store == nil {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	store, err := c.store(conn, *batch, logger)
-	if err != nil {
-		return c.fail(err)
-	}
-	if err := c.checkTable(ctx, conn, store); err != nil {
-		return c.fail(err)
-	}
 
 	if *dryRun {
 		var expired int64

@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 const usage = `pgdedup: operations for the pgdedup dedup table.
@@ -18,10 +20,12 @@ Commands:
   cleanup [--batch N] [--dry-run]
                                delete expired message IDs (for cron)
   stats [--json]               rows per consumer, expiry, table size
+  citus distribute [--colocate TABLE:COLUMN]...
+                               distribute the table over a Citus cluster
   demo                         see exactly-once against broken recipes
 
 The database comes from --database-url or DATABASE_URL (a password in it is
-never printed). cleanup and stats take --table (default processed_messages,
+never printed). cleanup and stats take --table (default ` + pgdedup.DefaultTable + `,
 optionally schema.table). Cleanup and stats cover every consumer in the table.
 Run "pgdedup <command> --help" for a command's flags and examples.
 `
@@ -44,6 +48,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCleanup(ctx, rest, stdout, stderr)
 	case "stats":
 		return runStats(ctx, rest, stdout, stderr)
+	case "citus":
+		return runCitus(ctx, rest, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, rest, stdout, stderr)
 	default:

@@ -43,16 +43,59 @@ func newCommand(name, help string, stdout, stderr io.Writer) *command {
 }
 
 // flags returns the subcommand's flag set with --database-url, and --table
-// when withTable is set.
+// when withTable is set. Each flag's usage text is what --help shows for it
+// (see flagHelp): a word in backquotes names its value.
 func (c *command) flags(withTable bool) *flag.FlagSet {
 	fs := flag.NewFlagSet("pgdedup "+c.name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
 	fs.Usage = func() {}
-	fs.StringVar(&c.databaseURL, "database-url", "", "")
+	fs.StringVar(&c.databaseURL, "database-url", "", "the database's `URL` (default: $DATABASE_URL)")
 	if withTable {
-		fs.StringVar(&c.table, "table", "processed_messages", "")
+		fs.StringVar(&c.table, "table", pgdedup.DefaultTable, "the dedup table's `NAME`, optionally schema.table")
 	}
 	return fs
+}
+
+// flagsMarker stands in a command's help for the list of its flags.
+const flagsMarker = "{{flags}}"
+
+// flagHelp lists fs's flags as --help shows them, generated from their
+// definitions so that help and flags cannot drift apart: one flag a line, its
+// text wrapped at 80 columns.
+func flagHelp(fs *flag.FlagSet) string {
+	type row struct{ arg, usage string }
+	var rows []row
+	width := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		value, usage := flag.UnquoteUsage(f)
+		arg := "--" + f.Name
+		if _, isBool := f.Value.(interface{ IsBoolFlag() bool }); !isBool {
+			arg += " " + strings.ToUpper(value)
+		}
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			usage += " (default: " + f.DefValue + ")"
+		}
+		rows = append(rows, row{arg, usage})
+		width = max(width, len(arg))
+	})
+	var b strings.Builder
+	indent := strings.Repeat(" ", 2+width+3)
+	for _, r := range rows {
+		line := fmt.Sprintf("  %-*s   ", width, r.arg)
+		for i, word := range strings.Fields(r.usage) {
+			if i > 0 && len(line)+1+len(word) > 80 {
+				b.WriteString(line + "\n")
+				line = indent
+			} else if i > 0 {
+				line += " "
+			}
+			line += word
+		}
+		b.WriteString(line + "\n")
+	}
+	return b.String()
 }
 
 // parse parses args, allowing flags before and after the positional arguments
@@ -63,7 +106,7 @@ func (c *command) parse(fs *flag.FlagSet, args []string) (positional []string, c
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprint(c.stdout, c.help)
+				fmt.Fprint(c.stdout, strings.Replace(c.help, flagsMarker, flagHelp(fs), 1))
 				return nil, exitOK, false
 			}
 			fmt.Fprintf(c.stderr, "Run 'pgdedup %s --help' for usage.\n", c.name)
@@ -78,8 +121,11 @@ func (c *command) parse(fs *flag.FlagSet, args []string) (positional []string, c
 }
 
 // fail reports err, without any password, and returns the failure exit code.
+// The library's "pgdedup: " prefixes are dropped: the line starts with the
+// command's name already.
 func (c *command) fail(err error) int {
-	fmt.Fprintf(c.stderr, "pgdedup %s: %s\n", c.name, c.redact(err.Error()))
+	msg := strings.ReplaceAll(err.Error(), "pgdedup: ", "")
+	fmt.Fprintf(c.stderr, "pgdedup %s: %s\n", c.name, c.redact(msg))
 	return exitFail
 }
 
@@ -157,12 +203,34 @@ func describe(cfg *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
 }
 
-// store returns a Store on conn for the --table flag, checking the flags
-// without touching the database (New never does; conn may be nil then). The
-// CLI only cleans up and reads, for every consumer, so the consumer name is a
-// placeholder.
-func (c *command) store(conn *pgx.Conn, batch int, logger *slog.Logger) (*pgdedup.Store, error) {
-	return pgdedup.New(conn, pgdedup.Config{Consumer: "pgdedup-cli", Table: c.table, CleanupBatchSize: batch, Logger: logger})
+// openStore checks the flags without touching the database, connects, and
+// returns a Store on the connection for the --table flag, with batch rows per
+// Cleanup transaction (0: the default), once it has checked that the table
+// exists. The CLI only cleans up and reads, for every consumer, so the
+// consumer name is a placeholder. On failure it has reported why and returns
+// a nil Store and the exit code; otherwise the caller closes conn.
+func (c *command) openStore(ctx context.Context, batch int, logger *slog.Logger) (*pgdedup.Store, *pgx.Conn, int) {
+	cfg := pgdedup.Config{Consumer: "pgdedup-cli", Table: c.table, CleanupBatchSize: batch, Logger: logger}
+	if err := cfg.Validate(); err != nil {
+		var ce *pgdedup.ConfigError
+		if errors.As(err, &ce) && ce.Field == "Table" {
+			return nil, nil, c.usageError("--table %s", ce.Reason)
+		}
+		return nil, nil, c.usageError("%s", err)
+	}
+	conn, code := c.connect(ctx)
+	if conn == nil {
+		return nil, nil, code
+	}
+	store, err := pgdedup.New(conn, cfg)
+	if err == nil {
+		err = c.checkTable(ctx, conn, store)
+	}
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, c.fail(err)
+	}
+	return store, conn, exitOK
 }
 
 // checkTable turns a missing table into an error that says what to do.

@@ -67,23 +67,19 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pgdedup demo", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported below, usage only on --help
 	var opts demo.Options
-	fs.IntVar(&opts.Orders, "orders", demo.DefaultOrders, "orders the producer publishes")
-	fs.IntVar(&opts.Consumers, "consumers", demo.DefaultConsumers, "concurrent consumers")
+	fs.IntVar(&opts.Orders, "orders", demo.DefaultOrders, "`N` orders the producer publishes")
+	fs.IntVar(&opts.Consumers, "consumers", demo.DefaultConsumers, "`N` concurrent consumers")
 	fs.Float64Var(&opts.RedeliverRate, "redelivery-rate", demo.DefaultRedeliverRate,
-		"share of orders delivered twice, half while the first is in flight, half later (0-1)")
+		"the share (`RATE`, 0-1) of orders delivered twice, half while the first is in flight, half later")
 	fs.Float64Var(&opts.CrashRate, "crash-rate", demo.DefaultCrashRate,
-		"share of deliveries whose consumer crashes mid-handler (0-0.9)")
-	fs.Uint64Var(&opts.Seed, "seed", 0, "seed of the broker's choices (0: random)")
+		"the share (`RATE`, 0-0.9) of deliveries whose consumer crashes mid-handler")
+	fs.Uint64Var(&opts.Seed, "seed", 0, "the seed `N` of the broker's choices (default: random)")
 	fs.BoolVar(&opts.Keep, "keep", false, "keep the demo's schema for inspection")
 	fs.StringVar(&opts.DatabaseURL, "database-url", "",
-		"PostgreSQL URL (default $DATABASE_URL, else a server on localhost:5432, else a throwaway cluster "+
-			"started from the local PostgreSQL binaries)")
+		"the database's `URL` (default: $DATABASE_URL, else a server on localhost:5432, else a throwaway cluster)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, demoUsage)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			fmt.Fprint(stdout, demoExamples)
+			fmt.Fprint(stdout, demoUsage, flagHelp(fs), demoExamples)
 			return 0
 		}
 		fmt.Fprintf(stderr, "pgdedup demo: %v\nRun \"pgdedup demo --help\" for the flags.\n", err)

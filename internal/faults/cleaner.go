@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // The rows CleanerLoad seeds next to a scenario's own.
@@ -25,7 +27,7 @@ const (
 // expires_at. Stop checks that Cleanup deleted only expired rows and kept
 // running.
 type CleanerLoad struct {
-	db     pgdedup.DB
+	db     *pgxpool.Pool
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -44,9 +46,15 @@ type CleanerFigures struct {
 
 // StartCleanerLoad seeds the rows and starts the cleaner (every 50ms, in
 // batches of 250) and the short-retention producer, on db's processed_messages.
-func StartCleanerLoad(t testing.TB, db pgdedup.DB) *CleanerLoad {
+func StartCleanerLoad(t testing.TB, db *pgxpool.Pool) *CleanerLoad {
 	t.Helper()
 	ctx := context.Background()
+	trigger := `CREATE TRIGGER cleaner_premature AFTER DELETE ON processed_messages FOR EACH ROW EXECUTE FUNCTION cleaner_premature()`
+	if pgtest.CitusColumn() != "" {
+		// Citus runs no triggers on distributed tables: premature deletes go
+		// uncounted there, and the live seeds kept are the check that remains.
+		trigger = `SELECT 1`
+	}
 	for _, sql := range []string{
 		`CREATE TABLE cleaner_premature (consumer text, message_id text, expires_at timestamptz, deleted_at timestamptz)`,
 		`CREATE FUNCTION cleaner_premature() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -56,7 +64,7 @@ BEGIN
 	END IF;
 	RETURN OLD;
 END $$`,
-		`CREATE TRIGGER cleaner_premature AFTER DELETE ON processed_messages FOR EACH ROW EXECUTE FUNCTION cleaner_premature()`,
+		trigger,
 		`INSERT INTO processed_messages (consumer, message_id, expires_at)
 SELECT 'cleaner-live', 'live-' || i, now() + interval '1 hour' FROM generate_series(1, ` + strconv.Itoa(liveSeeds) + `) i`,
 		`INSERT INTO processed_messages (consumer, message_id, expires_at)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // Ledger is the suite's business table: one row per effect of a message, with
@@ -18,7 +18,7 @@ type Ledger struct {
 
 // NewLedger creates the ledger table name (in the connection's search_path)
 // if it does not exist and opens it.
-func NewLedger(ctx context.Context, db pgdedup.DB, name string) (*Ledger, error) {
+func NewLedger(ctx context.Context, db pgtest.Querier, name string) (*Ledger, error) {
 	l := OpenLedger(name)
 	if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+l.table+` (
 	message_id text NOT NULL,
@@ -55,7 +55,7 @@ func (t Tally) String() string {
 }
 
 // Tally counts the effects of each of ids.
-func (l *Ledger) Tally(ctx context.Context, db pgdedup.DB, ids []string) (Tally, error) {
+func (l *Ledger) Tally(ctx context.Context, db pgtest.Querier, ids []string) (Tally, error) {
 	rows, err := db.Query(ctx, `SELECT message_id, count(*) FROM `+l.table+` GROUP BY message_id`)
 	if err != nil {
 		return Tally{}, fmt.Errorf("faults: tally: %w", err)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // Queue is a durable at-least-once queue in a PostgreSQL table, with the
@@ -18,14 +18,14 @@ import (
 // redeliveries pgdedup is there to absorb. Acked rows are kept, marked, so that
 // the suite can count deliveries afterwards.
 type Queue struct {
-	db         pgdedup.DB
+	db         pgtest.Querier
 	table      string
 	visibility time.Duration
 }
 
 // NewQueue creates the queue table name (in the connection's search_path) if
 // it does not exist and opens it.
-func NewQueue(ctx context.Context, db pgdedup.DB, name string, visibility time.Duration) (*Queue, error) {
+func NewQueue(ctx context.Context, db pgtest.Querier, name string, visibility time.Duration) (*Queue, error) {
 	q := OpenQueue(db, name, visibility)
 	_, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+q.table+` (
 	id         text PRIMARY KEY,
@@ -43,7 +43,7 @@ func NewQueue(ctx context.Context, db pgdedup.DB, name string, visibility time.D
 }
 
 // OpenQueue opens the existing queue table name.
-func OpenQueue(db pgdedup.DB, name string, visibility time.Duration) *Queue {
+func OpenQueue(db pgtest.Querier, name string, visibility time.Duration) *Queue {
 	return &Queue{db: db, table: pgx.Identifier{name}.Sanitize(), visibility: visibility}
 }
 

@@ -15,10 +15,11 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgserver"
 )
 
-// Querier is what the helpers need from the database: a pool, a connection
-// or a transaction.
+// Querier is what test code needs from the database: a pool, a connection or
+// a transaction.
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// TestKilledConsumersChargeEachOrderOnce produces a few thousand orders (some
+// twice, a few unparseable) to a topic of franz-go's in-process Kafka (kfake),
+// consumes them with a group of consumer processes while members join, leave,
+// are SIGKILLed mid-batch, one is paused past its session timeout (a zombie)
+// and one joins reading every partition from the start, and checks once every
+// partition's offset in Postgres has reached its last record that every order
+// was charged exactly once, with its own amount, and every record applied
+// exactly once.
+func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
+	const (
+		orders     = 3000
+		partitions = 6
+		consumers  = 3
+		kills      = 5
+		topic      = "orders"
+		session    = time.Second
+	)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	if err := migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, seed>>1))
+	t.Logf("seed %d", seed)
+
+	producer, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Close()
+	recs, want, dups := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, Poison: 3}.records(rng, topic)
+	firstPart := len(recs) * 2 / 3
+	if err := produce(ctx, producer, recs[:firstPart]); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	args := []string{"-brokers", strings.Join(brokers, ","), "-topic", topic, "-group", "billing",
+		"-max-poll-records", "12", "-handler-delay", "15ms", "-lock-timeout", "300ms", "-session-timeout", session.String()}
+	var all, live []*proc
+	startOne := func(extra ...string) *proc {
+		name := fmt.Sprintf("c%02d", len(all)+1)
+		// application_name tells the test which process holds which transaction.
+		dbURL := db.URL + "&application_name=" + db.Schema + "-" + name
+		p := startConsumer(t, name, append(slices.Clone(args), append(extra, "-database-url", dbURL)...)...)
+		all, live = append(all, p), append(live, p)
+		return p
+	}
+	for range consumers {
+		startOne()
+	}
+
+	// Events at points of progress, so that they land while batches are
+	// being processed however fast this machine is.
+	type event struct {
+		at   int
+		what string
+	}
+	var events []event
+	for i := range kills {
+		events = append(events, event{int((float64(i) + rng.Float64()) / float64(kills+1) * orders), "kill"})
+	}
+	events = append(events, event{orders / 4, "produce"}, event{orders * 3 / 10, "rewinder joins"},
+		event{orders / 2, "leave"}, event{orders * 6 / 10, "pause"})
+	slices.SortStableFunc(events, func(a, b event) int { return a.at - b.at })
+
+	killed, produced := 0, false
+	var paused chan struct{}
+	var rewinder *proc // kept out of the kills, so that it lives to read its partitions again
+	var zombie *proc
+	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
+		if ctx.Err() != nil {
+			t.Fatalf("not drained after %s: %d orders charged of %d\n%s", time.Since(start), countCharged(t, db), orders, lastLines(all))
+		}
+		charged := countCharged(t, db)
+		if len(events) > 0 && charged >= events[0].at {
+			e := events[0]
+			events = events[1:]
+			// The victim is a consumer with a transaction open, so that kills
+			// and the pause land inside transactions (else the one that logged
+			// a batch last); the rewinder and a paused consumer are left alone.
+			i := victim(t, db, live, rewinder, zombie)
+			switch e.what {
+			case "kill":
+				victim := live[i]
+				victim.kill()
+				live = slices.Delete(live, i, i+1)
+				killed++
+				p := startOne()
+				t.Logf("SIGKILL %s at %d/%d orders charged (%d batches logged); %s joins", victim.name, charged, orders, victim.log.counts().batches, p.name)
+			case "produce":
+				if err := produce(ctx, producer, recs[firstPart:]); err != nil {
+					t.Fatal(err)
+				}
+				produced = true
+				t.Logf("produced the last %d records at %d/%d orders charged", len(recs)-firstPart, charged, orders)
+			case "rewinder joins":
+				p := startOne("-rewind")
+				rewinder = p
+				t.Logf("%s joins with -rewind at %d/%d orders charged: it reads its partitions from offset 0", p.name, charged, orders)
+			case "leave":
+				leaver := live[i]
+				live = slices.Delete(live, i, i+1)
+				if err := leaver.stop(15 * time.Second); err != nil {
+					t.Errorf("consumer %s after SIGTERM: %v\n%s", leaver.name, err, leaver.log.lastLines())
+				}
+				t.Logf("%s leaves (SIGTERM) at %d/%d orders charged", leaver.name, charged, orders)
+			case "pause":
+				zombie = live[i]
+				paused = make(chan struct{})
+				go func(z *proc) { defer close(paused); z.pause(3 * session) }(zombie)
+				t.Logf("SIGSTOP %s for %s at %d/%d orders charged: it comes back a zombie", zombie.name, 3*session, charged, orders)
+			}
+			continue
+		}
+		for _, p := range live {
+			if !p.running() {
+				t.Fatalf("consumer %s exited: %v\n%s", p.name, p.err, p.log.lastLines())
+			}
+		}
+		if produced && len(events) == 0 && drained(t, db, topic, recs) {
+			break
+		}
+	}
+	if paused != nil {
+		<-paused
+	}
+	for _, p := range live { // SIGTERM: finish the batch, leave the group, exit cleanly
+		if err := p.stop(15 * time.Second); err != nil {
+			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.name, err, p.log.lastLines())
+		}
+	}
+	elapsed := time.Since(start)
+
+	checkCharges(t, db, want)
+	if n := count(t, db, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
+		t.Errorf("records applied: %d, want each of the %d records once", n, len(recs))
+	}
+	if n := count(t, db, "SELECT count(*) FROM processed_offsets WHERE consumer = 'billing'"); n != partitions {
+		t.Errorf("processed_offsets holds %d rows for billing, want one per partition: %d", n, partitions)
+	}
+	if n := count(t, db, "SELECT count(*) FROM processed_messages"); n != 0 {
+		t.Errorf("processed_messages holds %d rows: offsets need none", n)
+	}
+	var total logCounts
+	for _, p := range all {
+		total.add(p.log.counts())
+	}
+	rolledBack := count(t, db, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
+	t.Logf("%d records (%d orders, %d produced twice, %d unparseable) on %d partitions in %s; %d consumer processes, %d SIGKILLed, 1 left, 1 paused",
+		len(recs), orders, dups, 3, partitions, elapsed.Round(time.Millisecond), len(all), killed)
+	t.Logf("batches logged %d (%d records): skipped as processed before %d records (%d batches whole), charged %d, produced twice %d, rejected %d; in-flight give-ups %d, fenced %d; assignments %d; charges rolled back by kills %d",
+		total.batches, total.records, total.skipped, total.duplicate, total.charged, total.producedTwice, total.rejected, total.inFlight, total.fenced, total.assignments, rolledBack)
+
+	switch {
+	case total.races > 0:
+		t.Errorf("the race detector reported %d data races in consumers", total.races)
+	case total.failed > 0:
+		t.Errorf("%d batches failed", total.failed)
+	case killed < kills/2:
+		t.Errorf("only %d consumers killed, want at least %d", killed, kills/2)
+	case total.skipped == 0:
+		t.Errorf("no record was skipped by the offset check: the rewinding consumer tested nothing")
+	case rolledBack == 0:
+		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
+	case total.rejected < 3:
+		t.Errorf("%d records rejected, want at least the 3 unparseable ones", total.rejected)
+	}
+}
+
+// victim returns the index in live of a consumer, other than the ones in
+// spare, that has a transaction open, watching for up to half a second; or
+// else the one that logged a batch last.
+func victim(t *testing.T, db *pgtest.DB, live []*proc, spare ...*proc) int {
+	t.Helper()
+	candidate := func(p *proc) bool { return !slices.Contains(spare, p) }
+	for range 100 {
+		var names []string
+		rows, err := db.Pool.Query(context.Background(), `SELECT application_name FROM pg_stat_activity
+WHERE application_name LIKE $1 AND xact_start IS NOT NULL AND state IN ('active', 'idle in transaction')`, db.Schema+"-%")
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range live {
+			if candidate(p) && slices.Contains(names, db.Schema+"-"+p.name) {
+				return i
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	i := -1
+	for j, p := range live {
+		if candidate(p) && (i < 0 || p.log.lastBatch().After(live[i].log.lastBatch())) {
+			i = j
+		}
+	}
+	return i
+}
+
+// drained reports whether every partition's stored offset has reached the
+// last record produced to it.
+func drained(t *testing.T, db *pgtest.DB, topic string, recs []*kgo.Record) bool {
+	t.Helper()
+	last := map[int32]int64{}
+	for _, r := range recs {
+		last[r.Partition] = max(last[r.Partition], r.Offset)
+	}
+	rows, err := db.Pool.Query(context.Background(), "SELECT partition, last_offset FROM processed_offsets WHERE consumer = 'billing' AND topic = $1", topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	done := 0
+	for rows.Next() {
+		var p int32
+		var o int64
+		if err := rows.Scan(&p, &o); err != nil {
+			t.Fatal(err)
+		}
+		if o > last[p] {
+			t.Fatalf("partition %d: stored offset %d past the last record produced, %d", p, o, last[p])
+		}
+		if o == last[p] {
+			done++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return done == len(last)
+}
+
+func lastLines(procs []*proc) string {
+	var s string
+	for _, p := range procs {
+		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.name, p.running(), p.log.lastLines())
+	}
+	return s
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// TestHandlerSlowerThanAckWait runs a consumer whose charges take longer than
+// AckWait: JetStream redelivers every message while its first delivery is
+// still in its transaction, often to another worker of the same process. The
+// copy waits LockTimeout on the claim, gets ErrInFlight and is nak'ed; once
+// the first commits, the next redelivery is skipped. One charge per order.
+func TestHandlerSlowerThanAckWait(t *testing.T) {
+	const orders = 20
+	url := natsURL(t)
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	ts := newTestStream(t, url, rng, time.Minute)
+	msgs, _ := orderBatch{RunID: "slow", Orders: orders}.messages(rng, ts.subject)
+	want := map[string]Order{}
+	for _, m := range msgs {
+		o, _ := decodeOrder(m.Data)
+		want[o.OrderID] = o
+	}
+	if _, _, err := publish(ctx, ts.js, msgs); err != nil {
+		t.Fatal(err)
+	}
+	p := startConsumer(t, "slow", "-database-url", db.URL, "-nats-url", url, "-stream", ts.stream, "-subject", ts.subject,
+		"-durable", ts.durable, "-ack-wait", "1s", "-handler-delay", "1300ms", "-lock-timeout", "300ms", "-workers", "8", "-batch", "16")
+	stream, err := ts.js.Stream(ctx, ts.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tick := time.NewTicker(100 * time.Millisecond); ; <-tick.C {
+		if ctx.Err() != nil {
+			t.Fatalf("not drained: %d of %d orders charged\n%s", countCharged(t, db), orders, p.log.lastLines())
+		}
+		if !p.running() {
+			t.Fatalf("consumer exited: %v\n%s", p.err, p.log.lastLines())
+		}
+		info, err := consumerInfo(ctx, stream, ts.durable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info != nil && countCharged(t, db) == orders && info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+	}
+	if err := p.stop(15 * time.Second); err != nil {
+		t.Errorf("after SIGTERM: %v\n%s", err, p.log.lastLines())
+	}
+	checkCharges(t, db, want)
+	n := p.log.counts()
+	t.Logf("%d orders, handler 1.3s, AckWait 1s: %d deliveries logged, %d redelivered, %d in-flight naks, %d duplicates skipped",
+		orders, n.deliveries, n.redelivered, n.inFlight, n.duplicates)
+	if n.redelivered == 0 || n.inFlight+n.duplicates == 0 {
+		t.Errorf("no redelivery reached the claim while in flight or after it: AckWait was not exercised")
+	}
+	if n.failed > 0 || n.races > 0 {
+		t.Errorf("%d failed deliveries, %d data races", n.failed, n.races)
+	}
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Defaults match docker-compose.yml and a local nats-server -js.
+const (
+	defaultDatabaseURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+	defaultNATSURL     = "nats://127.0.0.1:4222"
+	defaultStream      = "ORDERS"
+	defaultSubject     = "orders.charge"
+	defaultDurable     = "billing"
+	// defaultDupWindow is JetStream's own default for the publish-side
+	// duplicate window, made explicit.
+	defaultDupWindow = 2 * time.Minute
+)
+
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	dbURL := fs.String("database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "migrated: processed_messages and charges are ready")
+	return nil
+}
+
+func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	host, _ := os.Hostname()
+	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
+	var cfg consumerConfig
+	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", env("NATS_URL", defaultNATSURL), "NATS URL (env NATS_URL)")
+	fs.StringVar(&cfg.Stream, "stream", env("STREAM", defaultStream), "JetStream stream, created if missing (env STREAM)")
+	fs.StringVar(&cfg.Subject, "subject", env("SUBJECT", defaultSubject), "the stream's subject (env SUBJECT)")
+	fs.StringVar(&cfg.Durable, "durable", env("DURABLE", defaultDurable), "durable pull consumer shared by all processes (env DURABLE)")
+	fs.StringVar(&cfg.Name, "name", host+"-"+strconv.Itoa(os.Getpid()), "consumer process name, in charges.charged_by and the NATS connection name")
+	fs.DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "JetStream redelivers a message not acked within this")
+	fs.IntVar(&cfg.MaxAckPending, "max-ack-pending", 1000, "messages out unacked at once, over all processes")
+	fs.IntVar(&cfg.Batch, "batch", 32, "messages this process buffers ahead")
+	fs.IntVar(&cfg.Workers, "workers", 8, "messages processed concurrently")
+	fs.DurationVar(&cfg.LockTimeout, "lock-timeout", 2*time.Second, "redeliver a duplicate whose first delivery is still in flight after this long")
+	fs.DurationVar(&cfg.HandlerDelay, "handler-delay", 0, "simulated work inside each charge's transaction")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for messages being processed")
+	level := fs.String("log-level", "info", "debug logs every delivery's outcome")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	switch {
+	case cfg.Workers < 1:
+		return fmt.Errorf("-workers must be at least 1, got %d", cfg.Workers)
+	case cfg.Batch < 1:
+		return fmt.Errorf("-batch must be at least 1, got %d", cfg.Batch)
+	case cfg.MaxAckPending < 1:
+		return fmt.Errorf("-max-ack-pending must be at least 1, got %d", cfg.MaxAckPending)
+	case cfg.AckWait < time.Second:
+		return fmt.Errorf("-ack-wait must be at least 1s, got %s", cfg.AckWait)
+	case cfg.LockTimeout <= 0 || cfg.LockTimeout >= cfg.AckWait:
+		// Zero would wait on an in-flight duplicate until its first delivery
+		// ends, past AckWait, and JetStream would redeliver it once more.
+		return fmt.Errorf("-lock-timeout must be above 0 and below -ack-wait (%s), got %s", cfg.AckWait, cfg.LockTimeout)
+	case cfg.Stream == "" || cfg.Subject == "" || cfg.Durable == "":
+		return errors.New("-stream, -subject and -durable must not be empty")
+	}
+	log, err := newLogger(stderr, *level)
+	if err != nil {
+		return err
+	}
+	cfg.Log = log.With("consumer", cfg.Name)
+	return consume(ctx, cfg)
+}
+
+func runPublish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
+	natsURL := fs.String("nats-url", env("NATS_URL", defaultNATSURL), "NATS URL (env NATS_URL)")
+	stream := fs.String("stream", env("STREAM", defaultStream), "JetStream stream, created if missing (env STREAM)")
+	subject := fs.String("subject", env("SUBJECT", defaultSubject), "the stream's subject (env SUBJECT)")
+	b := orderBatch{RunID: strconv.FormatInt(time.Now().Unix(), 36)}
+	fs.IntVar(&b.Orders, "orders", 1000, "distinct orders to publish")
+	fs.Float64Var(&b.Duplicates, "duplicates", 0.2, "share of orders published twice with the same Nats-Msg-Id")
+	fs.Float64Var(&b.WithoutID, "without-id", 0.05, "share of orders published without a Nats-Msg-Id (keyed by stream sequence)")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	switch {
+	case b.Orders < 1:
+		return fmt.Errorf("-orders must be at least 1, got %d", b.Orders)
+	case b.Duplicates < 0 || b.Duplicates > 1:
+		return fmt.Errorf("-duplicates must be between 0 and 1, got %g", b.Duplicates)
+	case b.WithoutID < 0 || b.WithoutID > 1:
+		return fmt.Errorf("-without-id must be between 0 and 1, got %g", b.WithoutID)
+	}
+	nc, err := nats.Connect(*natsURL)
+	if err != nil {
+		return fmt.Errorf("connect to NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := ensureStream(ctx, js, *stream, *subject, defaultDupWindow); err != nil {
+		return err
+	}
+	msgs, dups := b.messages(rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), *subject)
+	stored, dropped, err := publish(ctx, js, msgs)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "published %d messages to %s: %d orders (run %s), %d of them twice; %d stored, %d dropped by JetStream's duplicate window\n",
+		len(msgs), *stream, b.Orders, b.RunID, dups, stored, dropped)
+	return nil
+}

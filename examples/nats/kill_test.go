@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// TestKilledConsumersChargeEachOrderOnce publishes a few thousand orders to a
+// real JetStream stream (some twice at once, which JetStream's duplicate window
+// drops; some again after the window, which it stores; some without a
+// Nats-Msg-Id; a few unparseable), consumes them with several consumer
+// processes sharing one durable pull consumer, SIGKILLs some of them
+// mid-processing and starts replacements, and checks once everything is acked
+// that every order was charged exactly once, with its own amount.
+func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
+	const (
+		orders    = 3000
+		consumers = 4
+		kills     = 6
+		dupWindow = time.Second
+		ackWait   = 2 * time.Second
+	)
+	url := natsURL(t)
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, seed>>1))
+	t.Logf("seed %d", seed)
+	ts := newTestStream(t, url, rng, dupWindow)
+
+	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}
+	msgs, dups := batch.messages(rng, ts.subject)
+	want := make(map[string]Order, orders)
+	var withID []*nats.Msg
+	for _, m := range msgs {
+		o, err := decodeOrder(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[o.OrderID] = o
+		if m.Header.Get(jetstream.MsgIDHeader) != "" && !slices.Contains(withID, m) { // a duplicate is the same *nats.Msg
+			withID = append(withID, m)
+		}
+	}
+	poison := []string{"not json", `{"order_id":"","amount_cents":5}`, `{"order_id":"x","amount_cents":-1}`}
+	for _, body := range poison {
+		i := rng.IntN(len(msgs))
+		msgs = slices.Insert(msgs, i, &nats.Msg{Subject: ts.subject, Data: []byte(body)})
+	}
+	start := time.Now()
+	stored, dropped, err := publish(ctx, ts.js, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A producer replaying its outbox after the window: JetStream stores these
+	// copies again, and only the consumer's dedup stands between them and a
+	// second charge.
+	time.Sleep(dupWindow + 200*time.Millisecond)
+	var late []*nats.Msg
+	for _, i := range rng.Perm(len(withID))[:len(withID)/20] {
+		late = append(late, withID[i])
+	}
+	lateStored, lateDropped, err := publish(ctx, ts.js, late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lateStored != len(late) || lateDropped != 0 {
+		t.Fatalf("republished after the window: %d stored, %d dropped; want all %d stored", lateStored, lateDropped, len(late))
+	}
+
+	args := []string{"-database-url", db.URL, "-nats-url", url, "-stream", ts.stream, "-subject", ts.subject, "-durable", ts.durable,
+		"-ack-wait", ackWait.String(), "-batch", "16", "-workers", "3", "-handler-delay", "8ms", "-lock-timeout", "500ms"}
+	var all, live []*proc
+	startOne := func() {
+		p := startConsumer(t, fmt.Sprintf("c%02d", len(all)+1), args...)
+		all, live = append(all, p), append(live, p)
+	}
+	for range consumers {
+		startOne()
+	}
+	stream, err := ts.js.Stream(ctx, ts.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var killAt []int
+	for i := range kills {
+		killAt = append(killAt, int((float64(i)+rng.Float64())/float64(kills+1)*orders))
+	}
+	killed := 0
+	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
+		if ctx.Err() != nil {
+			t.Fatalf("stream not drained after %s: %d orders charged of %d\n%s", time.Since(start), countCharged(t, db), orders, lastLines(all))
+		}
+		charged := countCharged(t, db)
+		if killed < kills && charged >= killAt[killed] {
+			i := rng.IntN(len(live))
+			victim := live[i]
+			victim.kill()
+			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.name, charged, orders, victim.log.counts().deliveries)
+			live = slices.Delete(live, i, i+1)
+			killed++
+			startOne()
+			continue
+		}
+		for _, p := range live {
+			if !p.running() {
+				t.Fatalf("consumer %s exited: %v\n%s", p.name, p.err, p.log.lastLines())
+			}
+		}
+		// The consumer may not exist for the first few ticks.
+		info, err := consumerInfo(ctx, stream, ts.durable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Drained: all charged, nothing left to deliver, nothing unacked (so
+		// what the killed processes held has been redelivered and acked).
+		if info != nil && charged == orders && info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+	}
+
+	for _, p := range live { // SIGTERM: finish, ack and exit cleanly
+		if err := p.stop(15 * time.Second); err != nil {
+			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.name, err, p.log.lastLines())
+		}
+	}
+	elapsed := time.Since(start)
+	info, err := consumerInfo(ctx, stream, ts.durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumPending != 0 || info.NumAckPending != 0 {
+		t.Errorf("after all consumers stopped: %d messages pending, %d unacked", info.NumPending, info.NumAckPending)
+	}
+
+	checkCharges(t, db, want)
+	var total logCounts
+	for _, p := range all {
+		total.add(p.log.counts())
+	}
+	rolledBack := countRolledBack(t, db)
+	t.Logf("%d messages published (%d orders, %d of them twice at once, %d unparseable): %d stored, %d dropped by JetStream's %s duplicate window; %d republished after the window, all stored; %s; %d consumer processes, %d SIGKILLed",
+		len(msgs), orders, dups, len(poison), stored, dropped, dupWindow, len(late), elapsed.Round(time.Millisecond), len(all), killed)
+	t.Logf("deliveries logged %d (JetStream redelivered %d: charged %d, skipped as already charged %d), duplicates skipped %d, in-flight naks %d, terminated %d; charges rolled back by kills %d",
+		total.deliveries, total.redelivered, total.redeliveredProcessed, total.redeliveredDuplicates, total.duplicates, total.inFlight, total.rejected, rolledBack)
+
+	switch {
+	case total.races > 0:
+		t.Errorf("the race detector reported %d data races in consumers", total.races)
+	case total.failed > 0:
+		t.Errorf("%d deliveries failed", total.failed)
+	case dropped == 0:
+		t.Errorf("JetStream dropped no duplicate publish: the window was not exercised")
+	case total.duplicates < len(late):
+		t.Errorf("%d duplicates skipped, want at least the %d copies stored after the window", total.duplicates, len(late))
+	case killed < kills/2:
+		t.Errorf("only %d consumers killed, want at least %d: the stream drained too fast to test crashes", killed, kills/2)
+	case total.redelivered == 0:
+		t.Errorf("no message was redelivered: the kills tested nothing")
+	case rolledBack == 0:
+		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
+	case total.rejected < len(poison):
+		t.Errorf("%d deliveries terminated, want at least the %d unparseable ones", total.rejected, len(poison))
+	}
+}
+
+// consumerInfo returns the durable consumer's state, or nil before a consumer
+// process has created it.
+func consumerInfo(ctx context.Context, s jetstream.Stream, durable string) (*jetstream.ConsumerInfo, error) {
+	c, err := s.Consumer(ctx, durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c.Info(ctx)
+}
+
+func lastLines(procs []*proc) string {
+	var s string
+	for _, p := range procs {
+		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.name, p.running(), p.log.lastLines())
+	}
+	return s
+}

@@ -1,0 +1,165 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+const citusHelp = `Usage: pgdedup citus distribute [--colocate TABLE:COLUMN]... [flags]
+
+Distributes the dedup table over a Citus cluster (run it against the
+coordinator, after "pgdedup migrate up" and before consumers start), and
+optionally business tables co-located with it, in one transaction:
+
+  SELECT create_distributed_table('processed_messages', 'message_id');
+  SELECT create_distributed_table('charges', 'message_id', colocate_with => 'processed_messages');
+
+A business table co-located on the message ID keeps a message's claim and its
+business rows on one shard: the transaction is routed to one worker and
+commits there, without two-phase commit. Rows already in the tables are moved
+into the shards. Running it again on a table already distributed by the same
+column does nothing. See docs/citus.md.
+
+Flags:
+{{flags}}
+Examples:
+  pgdedup citus distribute --database-url 'postgres://app@coordinator:5432/app'
+  pgdedup citus distribute --colocate charges:message_id --colocate ledger:message_id
+  pgdedup citus distribute --sql > 00010_distribute.sql   # for your own migration tool
+`
+
+// citusColumn is the column the dedup table is distributed by: the message ID,
+// so a business table keyed by the message ID can be co-located with it.
+const citusColumn = "message_id"
+
+var plainIdent = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}(\.[A-Za-z_][A-Za-z0-9_$]{0,62})?$`)
+
+func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newCommand("citus", citusHelp, stdout, stderr)
+	fs := c.flags(true)
+	var colocate []string
+	fs.Func("colocate", "also distribute the business `TABLE:COLUMN` by COLUMN (which holds the message ID), co-located with the dedup table; repeatable",
+		func(v string) error { colocate = append(colocate, v); return nil })
+	shards := fs.Int("shard-count", 0, "`N` shards per table (default: citus.shard_count, 32)")
+	printSQL := fs.Bool("sql", false, "print the statements instead of running them")
+	rest, code, ok := c.parse(fs, args)
+	switch {
+	case !ok:
+		return code
+	case len(rest) == 0:
+		return c.usageError("missing subcommand: distribute")
+	case rest[0] != "distribute":
+		return c.usageError("unknown subcommand %q (want distribute)", rest[0])
+	case len(rest) > 1:
+		return c.usageError("unexpected argument %q", rest[1])
+	case *shards < 0 || *shards > 64000:
+		return c.usageError("--shard-count must be between 1 and 64000, got %d", *shards)
+	}
+	if err := (pgdedup.Config{Consumer: "pgdedup-cli", Table: c.table}).Validate(); err != nil {
+		return c.usageError("%s", err)
+	}
+	dedup := quoteName(c.table)
+	type table struct{ name, column string }
+	tables := []table{{dedup, citusColumn}}
+	for _, tc := range colocate {
+		name, column, found := strings.Cut(tc, ":")
+		if !found || !plainIdent.MatchString(name) || !plainIdent.MatchString(column) || strings.Contains(column, ".") {
+			return c.usageError("--colocate %q: want TABLE:COLUMN (plain identifiers, TABLE optionally schema-qualified)", tc)
+		}
+		tables = append(tables, table{quoteName(name), column})
+	}
+	var stmts []string
+	for i, tb := range tables {
+		opts := ""
+		if i == 0 && *shards > 0 {
+			opts = fmt.Sprintf(", shard_count => %d", *shards)
+		}
+		if i > 0 {
+			opts = ", colocate_with => '" + dedup + "'"
+		}
+		stmts = append(stmts, fmt.Sprintf("SELECT create_distributed_table('%s', '%s'%s);", tb.name, tb.column, opts))
+	}
+	if *printSQL {
+		fmt.Fprintln(stdout, strings.Join(stmts, "\n"))
+		return exitOK
+	}
+
+	store, conn, code := c.openStore(ctx, 0, nil)
+	if store == nil {
+		return code
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var citus bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return c.fail(err)
+	}
+	if !citus {
+		return c.fail(fmt.Errorf("the citus extension is not installed in this database: connect to a Citus coordinator"))
+	}
+	var done []string
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for i, tb := range tables {
+			var current *string
+			err := tx.QueryRow(ctx, `SELECT column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition
+WHERE logicalrelid = to_regclass($1)`, tb.name).Scan(&current)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				return fmt.Errorf("look up %s: %w", tb.name, err)
+			case current != nil && *current == tb.column:
+				fmt.Fprintf(stdout, "%s is already distributed by %s\n", tb.name, tb.column)
+				continue
+			default:
+				col := "nothing (a reference or local table)"
+				if current != nil {
+					col = *current
+				}
+				return fmt.Errorf("%s is already distributed by %s, not %s: undistribute_table it first", tb.name, col, tb.column)
+			}
+			if _, err := tx.Exec(ctx, stmts[i]); err != nil {
+				return fmt.Errorf("%s: %w", strings.TrimSuffix(stmts[i], ";"), withDetail(err))
+			}
+			// Rows that were in the table were copied into the shards; the
+			// coordinator's copies are now invisible dead weight.
+			if _, err := tx.Exec(ctx, `SELECT truncate_local_data_after_distributing_table($1)`, tb.name); err != nil {
+				return fmt.Errorf("truncate the local copy of %s: %w", tb.name, err)
+			}
+			done = append(done, fmt.Sprintf("%s by %s", tb.name, tb.column))
+		}
+		return nil
+	})
+	if err != nil {
+		return c.fail(err)
+	}
+	var shardCount, workers int
+	err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = to_regclass($1)),
+(SELECT count(*) FROM pg_dist_node WHERE isactive AND shouldhaveshards AND noderole = 'primary')`, store.Table()).Scan(&shardCount, &workers)
+	if err != nil {
+		return c.fail(err)
+	}
+	if len(done) > 0 {
+		fmt.Fprintf(stdout, "distributed %s (%d shards per table, on %d nodes)\n", strings.Join(done, ", "), shardCount, workers)
+	}
+	return exitOK
+}
+
+// quoteName quotes a validated "schema.table" or "table" as an identifier.
+func quoteName(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
+
+// withDetail adds a server error's DETAIL, which says why Citus refused.
+func withDetail(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Detail != "" {
+		return fmt.Errorf("%w; DETAIL: %s", err, pgErr.Detail)
+	}
+	return err
+}
