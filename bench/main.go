@@ -30,6 +30,8 @@ import (
 // config is the command line.
 type config struct {
 	databaseURL     string
+	citusURL        string
+	citusShards     int
 	redisAddr       string
 	workers         []int
 	rounds          int
@@ -46,8 +48,12 @@ type config struct {
 	accountReps     int // repetitions; the WAL figure is the smallest
 }
 
-// parts are the parts of a run, for -only, in the order they run.
-var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
+// parts are the parts of a run, for -only, in the order they run. The
+// optional ones run only when -only names them (citus needs a Citus cluster).
+var (
+	parts         = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
+	optionalParts = []string{"citus"}
+)
 
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
@@ -57,6 +63,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@localhost:5432/postgres?sslmode=disable"),
 		"Postgres to measure (default $DATABASE_URL, else the docker-compose database)")
+	fs.StringVar(&c.citusURL, "citus-url", cmp.Or(os.Getenv("CITUS_URL"), "postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable"),
+		"Citus coordinator for -only citus (default $CITUS_URL, else the test cluster of .ci/citus.sh)")
+	fs.IntVar(&c.citusShards, "citus-shards", 0, "shards per table for -only citus (0: the cluster's citus.shard_count, 32 by default)")
 	fs.StringVar(&c.redisAddr, "redis", cmp.Or(os.Getenv("REDIS_ADDR"), "127.0.0.1:6379"), "Redis address for the SET NX recipe (default $REDIS_ADDR)")
 	workers := fs.String("workers", "1,8", "comma-separated worker counts (concurrent messages)")
 	fs.IntVar(&c.rounds, "rounds", 20, "interleaved rounds; results are medians over rounds")
@@ -65,7 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.cleanupRows, "cleanup-rows", 1_000_000, "expired rows Cleanup deletes")
 	fs.IntVar(&c.cleanupBatch, "cleanup-batch", 0, "Config.CleanupBatchSize for Cleanup (0: the library default)")
 	fs.DurationVar(&c.cleanupBaseline, "cleanup-baseline", 3*time.Second, "how long Process runs alone before Cleanup, for its p99 without cleanup")
-	only := fs.String("only", strings.Join(parts, ","), "comma-separated parts to run: "+strings.Join(parts, ", "))
+	only := fs.String("only", strings.Join(parts, ","), "comma-separated parts to run: "+strings.Join(parts, ", ")+
+		"; and, only when named, "+strings.Join(optionalParts, ", "))
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -82,8 +92,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		c.workers = append(c.workers, n)
 	}
 	for _, p := range strings.Split(*only, ",") {
-		if p = strings.TrimSpace(p); !slices.Contains(parts, p) {
-			return c, fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(parts, ", "))
+		if p = strings.TrimSpace(p); !slices.Contains(parts, p) && !slices.Contains(optionalParts, p) {
+			return c, fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(append(parts, optionalParts...), ", "))
 		}
 		c.only = append(c.only, p)
 	}
