@@ -2,6 +2,9 @@ package pgdedup_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // bundle is what most tests need: a migrated schema, a Store on it and a
@@ -98,5 +102,66 @@ func acquiredConns(pool *pgxpool.Pool) int32 {
 			return n
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// batchIDs returns n distinct IDs starting at from.
+func batchIDs(from, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("msg-%07d", from+i)
+	}
+	return ids
+}
+
+// uniqueInOrder removes repeats from ids, keeping first appearances.
+func uniqueInOrder(ids []string) []string {
+	seen := map[string]bool{}
+	return slices.DeleteFunc(ids, func(id string) bool { dup := seen[id]; seen[id] = true; return dup })
+}
+
+// eventLog keeps the events reported to Config.OnEvent.
+type eventLog struct {
+	mu     sync.Mutex
+	events []pgdedup.Event
+}
+
+func (l *eventLog) add(_ context.Context, e pgdedup.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+// cleanups returns the EventCleanup events so far.
+func (l *eventLog) cleanups() []pgdedup.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []pgdedup.Event
+	for _, e := range l.events {
+		if e.Kind == pgdedup.EventCleanup {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// countedStore returns a Store for consumer "billing" on a pool of one
+// connection to b's schema that goes through a counting proxy, the pool, and
+// measure, which runs f, fails t if f errs, and returns the round trips f made.
+func countedStore(t *testing.T, b *bundle) (store *pgdedup.Store, pool *pgxpool.Pool, measure func(f func() error) int64) {
+	t.Helper()
+	proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
+	pool = pgtest.Pool(t, proxied, 1)
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, pool, func(f func() error) int64 {
+		t.Helper()
+		before := proxy.RoundTrips()
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+		return proxy.RoundTrips() - before
 	}
 }

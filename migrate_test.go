@@ -1,6 +1,8 @@
 package pgdedup_test
 
 import (
+	"database/sql"
+	"errors"
 	"io/fs"
 	"strings"
 	"testing"
@@ -60,13 +62,13 @@ func TestMigrationsWithPlainGoose(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewUnmigrated(t)
 	ctx := ctxT(t)
-	names, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(names) == 0 || !strings.HasPrefix(names[0], "00001_") {
 		t.Fatalf("Migrations holds %v, %v", names, err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)
 	defer sqlDB.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations)
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,5 +83,60 @@ func TestMigrationsWithPlainGoose(t *testing.T) {
 	}
 	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_messages'`, db.Schema); n != 0 {
 		t.Fatal("down migration left processed_messages")
+	}
+}
+
+// A host whose own goose applied pgdedup's files, and which then calls
+// Migrate, is told so and nothing changes; a processed_messages elsewhere on
+// the search_path is not mistaken for one.
+func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	host, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations()) // the host's goose_db_version
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := host.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = pgdedup.Migrate(ctx, sqlDB)
+	if !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) || !strings.Contains(err.Error(), "pgdedup migrate sql --goose-dir") {
+		t.Fatalf("Migrate after the host's goose: %v", err)
+	}
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = $2`, db.Schema, pgdedup.VersionTable); n != 0 {
+		t.Fatalf("Migrate created %s", pgdedup.VersionTable)
+	}
+	// A pgdedup_db_version with no migration applied, as `pgdedup migrate up`
+	// before this check left it, changes nothing either.
+	mustExec(t, db.Pool, `CREATE TABLE `+pgdedup.VersionTable+` (id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now())`)
+	mustExec(t, db.Pool, `INSERT INTO `+pgdedup.VersionTable+` (version_id, is_applied) VALUES (0, true)`)
+	if err := pgdedup.Migrate(ctx, sqlDB); !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) {
+		t.Fatalf("Migrate with an empty %s: %v", pgdedup.VersionTable, err)
+	}
+
+	// A schema first on the search_path, with processed_messages only in the
+	// next one: Migrate creates its own in the first.
+	other := pgtest.NewUnmigrated(t)
+	url, err := pgtest.WithSearchPath(db.URL, other.Schema+","+db.Schema)
+	if pgtest.PgBouncer() { // which refuses a search_path startup parameter
+		url = other.URL
+		mustExec(t, db.Pool, `ALTER ROLE `+other.Schema+` SET search_path = `+other.Schema+`, `+db.Schema)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	both, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer both.Close()
+	if err := pgdedup.Migrate(ctx, both); err != nil {
+		t.Fatalf("Migrate with processed_messages further down the search_path: %v", err)
+	}
+	if n := pgtest.Count(t, other.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', $2)`, other.Schema, pgdedup.VersionTable); n != 2 {
+		t.Fatalf("%d of processed_messages, %s in the first schema, want 2", n, pgdedup.VersionTable)
 	}
 }

@@ -431,21 +431,8 @@ func TestOffsetTableFollowsTableSchema(t *testing.T) {
 func TestOffsetsRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
-	pool := pgtest.Pool(t, proxied, 1)
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, pool, measure := countedStore(t, b)
 	ctx := ctxT(t)
-	measure := func(f func() error) int64 {
-		t.Helper()
-		before := proxy.RoundTrips()
-		if err := f(); err != nil {
-			t.Fatal(err)
-		}
-		return proxy.RoundTrips() - before
-	}
 	next := int64(0)
 	batch := func() error {
 		_, err := store.ProcessOffsets(ctx, orders, []int64{next, next + 1, next + 2}, func(ctx context.Context, tx pgx.Tx, _ []int64) error {

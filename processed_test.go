@@ -1,67 +1,39 @@
 package pgdedup_test
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-func TestProcessNewThenDuplicate(t *testing.T) {
+// Accepted table names are quoted, so case is kept and a name that looks like
+// SQL is only ever a name.
+func TestTableNamesAreQuoted(t *testing.T) {
 	t.Parallel()
-	var logs bytes.Buffer
-	b := setup(t, pgdedup.Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-
-	processed, err := b.store.Process(ctx, "msg-1", charge("order-1"))
-	if err != nil || !processed {
-		t.Fatalf("first delivery: processed=%v err=%v, want true, nil", processed, err)
+	mustExec(t, b.pool, `CREATE TABLE "Select$" (LIKE processed_messages INCLUDING ALL)`)
+	for _, table := range []string{"Select$", b.db.Schema + ".Select$"} {
+		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: table})
+		if err != nil {
+			t.Fatalf("New with Table %q: %v", table, err)
+		}
+		if _, err := store.Process(ctx, "m-"+table, charge("o")); err != nil {
+			t.Fatalf("Process with Table %q: %v", table, err)
+		}
 	}
-	calls := 0
-	processed, err = b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
-		calls++
-		return charge("order-1")(ctx, tx)
-	})
-	if err != nil || processed || calls != 0 {
-		t.Fatalf("duplicate: processed=%v err=%v fn calls=%d, want false, nil, 0", processed, err, calls)
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM "Select$"`); n != 2 {
+		t.Fatalf(`"Select$" has %d rows, want 2`, n)
 	}
-	if got := chargesPerOrder(t, b.pool); got["order-1"] != 1 {
-		t.Fatalf("order-1 charged %d times, want 1", got["order-1"])
-	}
-	if !recorded(t, b.pool, "billing", "msg-1") {
-		t.Fatal("msg-1 not recorded")
-	}
-	if !strings.Contains(logs.String(), "skipped duplicate") || !strings.Contains(logs.String(), "msg-1") {
-		t.Fatalf("duplicate not logged; log:\n%s", logs.String())
-	}
-	if n := acquiredConns(b.pool); n != 0 {
-		t.Fatalf("%d connections still acquired", n)
-	}
-}
-
-func TestProcessRecordsExpiry(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pgdedup.Config{Retention: 90 * time.Minute})
-	ctx := ctxT(t)
-	if _, err := b.store.Process(ctx, "m", charge("o")); err != nil {
-		t.Fatal(err)
-	}
-	var secs float64
-	err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - processed_at) FROM processed_messages WHERE message_id = 'm'`).Scan(&secs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if secs != 90*60 {
-		t.Fatalf("expires_at - processed_at = %vs, want 5400s (Retention)", secs)
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("processed_messages has %d rows, want 0", n)
 	}
 }
 
@@ -84,90 +56,92 @@ func TestConsumersAreIndependent(t *testing.T) {
 	}
 }
 
-func TestProcessFnErrorRollsBack(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pgdedup.Config{})
-	ctx := ctxT(t)
-	errDeclined := errors.New("card declined")
-	processed, err := b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
-		if err := charge("order-1")(ctx, tx); err != nil {
-			return err
-		}
-		return fmt.Errorf("charging: %w", errDeclined)
-	})
-	if !errors.Is(err, errDeclined) || processed {
-		t.Fatalf("processed=%v err=%v, want false and the fn's error", processed, err)
-	}
-	if recorded(t, b.pool, "billing", "msg-1") || len(chargesPerOrder(t, b.pool)) != 0 {
-		t.Fatal("a failed fn left the ID or the charge behind")
-	}
-	// The redelivery is processed.
-	processed, err = b.store.Process(ctx, "msg-1", charge("order-1"))
-	if err != nil || !processed {
-		t.Fatalf("redelivery: processed=%v err=%v", processed, err)
-	}
-	if got := chargesPerOrder(t, b.pool)["order-1"]; got != 1 {
-		t.Fatalf("order-1 charged %d times, want 1", got)
-	}
-}
-
-func TestProcessFnPanicRollsBack(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pgdedup.Config{})
-	ctx := ctxT(t)
-	func() {
-		defer func() {
-			if r := recover(); r != "boom" {
-				t.Fatalf("recovered %v, want the fn's panic", r)
-			}
-		}()
-		_, _ = b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
-			if err := charge("order-1")(ctx, tx); err != nil {
-				return err
-			}
-			panic("boom")
-		})
-	}()
-	if recorded(t, b.pool, "billing", "msg-1") || len(chargesPerOrder(t, b.pool)) != 0 {
-		t.Fatal("a panicking fn left the ID or the charge behind")
-	}
-	if n := acquiredConns(b.pool); n != 0 {
-		t.Fatalf("panic leaked %d connections", n)
-	}
-}
-
 var (
 	_ pgdedup.DB = (*pgxpool.Pool)(nil)
 	_ pgdedup.DB = (*pgx.Conn)(nil)
 )
 
-// A single *pgx.Conn works as the Store's DB too (used from one goroutine).
-func TestProcessOnConn(t *testing.T) {
+// New rejects a bad Config before touching the database with a *ConfigError
+// naming the field, and Validate says the same without a database. Table
+// names come from configuration, which an attacker may influence: anything but
+// plain identifiers is refused, so nothing can reach the SQL text. Consumer
+// names that Postgres text cannot hold are refused like IDs, but as a Config
+// error. Zero values are not errors: they take the defaults.
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	type bad struct {
+		cfg   pgdedup.Config
+		field string
+	}
+	cases := map[string]bad{
+		"no consumer":            {pgdedup.Config{}, "Consumer"},
+		"consumer NUL":           {pgdedup.Config{Consumer: "a\x00b"}, "Consumer"},
+		"consumer not UTF-8":     {pgdedup.Config{Consumer: "\xff\xfe"}, "Consumer"},
+		"consumer truncated":     {pgdedup.Config{Consumer: "caf\xc3"}, "Consumer"},
+		"offset table":           {pgdedup.Config{Consumer: "c", OffsetTable: "a.b.c"}, "OffsetTable"},
+		"negative retention":     {pgdedup.Config{Consumer: "c", Retention: -time.Hour}, "Retention"},
+		"negative lock timeout":  {pgdedup.Config{Consumer: "c", LockTimeout: -time.Second}, "LockTimeout"},
+		"negative attempts":      {pgdedup.Config{Consumer: "c", MaxAttempts: -1}, "MaxAttempts"},
+		"negative cleanup batch": {pgdedup.Config{Consumer: "c", CleanupBatchSize: -5}, "CleanupBatchSize"},
+		"read-only transactions": {pgdedup.Config{Consumer: "c", TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}, "TxOptions"},
+	}
+	for _, table := range []string{
+		`processed_messages; DROP TABLE charges`,
+		`processed_messages"; DROP TABLE charges; --`,
+		`"processed_messages"`,
+		`x"y`,
+		`processed_messages--`,
+		`processed messages`,
+		`a.b.c`,
+		`.processed_messages`,
+		`processed_messages.`,
+		`public.`,
+		`1processed_messages`,
+		`processed_messages/**/`,
+		"processed_messages\x00",
+		"processed_messages\n",
+		`pröcessed_messages`,
+		strings.Repeat("t", 64),
+	} {
+		cases["table "+table] = bad{pgdedup.Config{Consumer: "c", Table: table}, "Table"}
+	}
+	for name, c := range cases {
+		store, err := pgdedup.New(b.pool, c.cfg)
+		var ce *pgdedup.ConfigError
+		if store != nil || !errors.As(err, &ce) || ce.Field != c.field || !strings.HasPrefix(err.Error(), "pgdedup: Config."+c.field+" ") {
+			t.Errorf("%q: New returned %v, want a ConfigError for %s", name, err, c.field)
+		}
+		if errors.Is(err, pgdedup.ErrInvalidMessageID) {
+			t.Errorf("%q: New returned %v, want a Config error, not ErrInvalidMessageID", name, err)
+		}
+		if verr := c.cfg.Validate(); verr == nil || verr.Error() != fmt.Sprint(err) {
+			t.Errorf("%q: Validate returned %v, New %v", name, verr, err)
+		}
+	}
+	if err := (pgdedup.Config{Consumer: "c"}).Validate(); err != nil {
+		t.Errorf("the zero values of a Config with a consumer: %v", err)
+	}
+	if _, err := pgdedup.New(nil, pgdedup.Config{Consumer: "c"}); err == nil {
+		t.Error("New accepted a nil DB")
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
+		t.Fatal("charges touched")
+	}
+}
+
+func TestSchemaQualifiedTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	conn, err := pgx.Connect(ctx, b.db.URL)
+	store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: b.db.Schema + ".processed_messages"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	store, err := pgdedup.New(conn, pgdedup.Config{Consumer: "billing", LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
+	if ok, err := store.Process(ctx, "m", charge("m")); err != nil || !ok {
+		t.Fatal(ok, err)
 	}
-	for i, want := range []bool{true, false} {
-		if ok, err := store.Process(ctx, "m", charge("o")); ok != want || err != nil {
-			t.Fatalf("Process #%d = %v, %v; want %v", i+1, ok, err, want)
-		}
-	}
-	errBoom := errors.New("boom")
-	if _, err := store.Process(ctx, "n", func(context.Context, pgx.Tx) error { return errBoom }); !errors.Is(err, errBoom) {
-		t.Fatal(err)
-	}
-	if conn.PgConn().TxStatus() != 'I' {
-		t.Fatalf("connection left in transaction status %q", conn.PgConn().TxStatus())
-	}
-	if got := chargesPerOrder(t, b.pool); got["o"] != 1 || len(got) != 1 {
-		t.Fatalf("charges %v", got)
+	if !recorded(t, b.pool, "billing", "m") {
+		t.Fatal("not recorded in the qualified table")
 	}
 }

@@ -136,3 +136,48 @@ func ordersServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Cleanup(srv.Close)
 	return srv, db.Pool
 }
+
+// The key's forms as curl sends them, byte for byte, to a real server: the
+// quoted and bare forms are one key, a malformed String gets 400 with a link
+// to the docs, and the 255-byte limit counts the key without its quotes.
+func TestCurlKeyForms(t *testing.T) {
+	t.Parallel()
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("curl is not installed; .ci/run installs it")
+		}
+		t.Skip("curl is not installed")
+	}
+	srv, pool := ordersServer(t)
+	long := strings.Repeat("k", 255)
+	for _, c := range []struct{ key, want string }{
+		{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "201"},
+		{`8e03978e-40d5-43e8-bc93-6894a57f9324`, "201 replayed"},
+		{`"8e03978e-40d5-43e8-bc93-6894a57f9324";v=1`, "201 replayed"},
+		{`"unterminated-8e03978e`, "400"},
+		{`"bad\qescape"`, "400"},
+		{`"8e03978e"trailing`, "400"},
+		{`"a b"`, "400"},
+		{`""`, "400"},
+		{`"` + long + `"`, "201"},
+		{long, "201 replayed"},
+		{`"` + long + `k"`, "400"},
+	} {
+		out, err := exec.Command(curl, "-si", "-X", "POST", srv.URL+"/orders", "-H", "Idempotency-Key: "+c.key,
+			"-H", "X-User: alice", "-d", `{"item":"book"}`).CombinedOutput()
+		if err != nil {
+			t.Fatalf("curl: %v\n%s", err, out)
+		}
+		got := strings.Fields(string(out))[1]
+		if strings.Contains(strings.ToLower(string(out)), "\nidempotent-replayed: true") {
+			got += " replayed"
+		}
+		if got != c.want || c.want == "400" && !strings.Contains(string(out), "\r\nLink: </docs/idempotency-key>; rel=\"describedby\"") {
+			t.Errorf("Idempotency-Key: %.60s: got %s, want %s\n%s", c.key, got, c.want, out)
+		}
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 2 {
+		t.Fatalf("%d orders, want 2: one per key", n)
+	}
+}

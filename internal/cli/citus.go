@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 const citusHelp = `Usage: pgdedup citus distribute [--colocate TABLE:COLUMN]... [flags]
@@ -28,13 +30,7 @@ into the shards. Running it again on a table already distributed by the same
 column does nothing. See docs/citus.md.
 
 Flags:
-  --database-url URL     the coordinator (default: $DATABASE_URL)
-  --table NAME           the dedup table, optionally schema.table (default: processed_messages)
-  --colocate T:C         also distribute business table T by its column C, co-located
-                         with the dedup table (C holds the message ID); repeatable
-  --shard-count N        shards per table (default: citus.shard_count, 32)
-  --sql                  print the statements instead of running them
-
+{{flags}}
 Examples:
   pgdedup citus distribute --database-url 'postgres://app@coordinator:5432/app'
   pgdedup citus distribute --colocate charges:message_id --colocate ledger:message_id
@@ -51,9 +47,10 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	c := newCommand("citus", citusHelp, stdout, stderr)
 	fs := c.flags(true)
 	var colocate []string
-	fs.Func("colocate", "", func(v string) error { colocate = append(colocate, v); return nil })
-	shards := fs.Int("shard-count", 0, "")
-	printSQL := fs.Bool("sql", false, "")
+	fs.Func("colocate", "also distribute the business `TABLE:COLUMN` by COLUMN (which holds the message ID), co-located with the dedup table; repeatable",
+		func(v string) error { colocate = append(colocate, v); return nil })
+	shards := fs.Int("shard-count", 0, "`N` shards per table (default: citus.shard_count, 32)")
+	printSQL := fs.Bool("sql", false, "print the statements instead of running them")
 	rest, code, ok := c.parse(fs, args)
 	switch {
 	case !ok:
@@ -67,12 +64,12 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case *shards < 0 || *shards > 64000:
 		return c.usageError("--shard-count must be between 1 and 64000, got %d", *shards)
 	}
-	store, err := c.store(nil, 0, nil)
-	if err != nil {
+	if err := (pgdedup.Config{Consumer: "pgdedup-cli", Table: c.table}).Validate(); err != nil {
 		return c.usageError("%s", err)
 	}
+	dedup := quoteName(c.table)
 	type table struct{ name, column string }
-	tables := []table{{store.Table(), citusColumn}}
+	tables := []table{{dedup, citusColumn}}
 	for _, tc := range colocate {
 		name, column, found := strings.Cut(tc, ":")
 		if !found || !plainIdent.MatchString(name) || !plainIdent.MatchString(column) || strings.Contains(column, ".") {
@@ -87,7 +84,7 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			opts = fmt.Sprintf(", shard_count => %d", *shards)
 		}
 		if i > 0 {
-			opts = ", colocate_with => '" + store.Table() + "'"
+			opts = ", colocate_with => '" + dedup + "'"
 		}
 		stmts = append(stmts, fmt.Sprintf("SELECT create_distributed_table('%s', '%s'%s);", tb.name, tb.column, opts))
 	}
@@ -96,14 +93,11 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitOK
 	}
 
-	conn, code := c.connect(ctx)
-	if conn == nil {
+	store, conn, code := c.openStore(ctx, 0, nil)
+	if store == nil {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := c.checkTable(ctx, conn, store); err != nil {
-		return c.fail(err)
-	}
 	var citus bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
 		return c.fail(err)
@@ -112,7 +106,7 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return c.fail(fmt.Errorf("the citus extension is not installed in this database: connect to a Citus coordinator"))
 	}
 	var done []string
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		for i, tb := range tables {
 			var current *string
 			err := tx.QueryRow(ctx, `SELECT column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition

@@ -28,23 +28,29 @@ pgdedup's own table, ` + pgdedup.VersionTable + `, never in your goose_db_versio
            redelivered afterwards are processed again.
   status   list the migrations, applied or pending; changes nothing
   sql      print the migration SQL, for teams that apply migrations with their
-           own tool; needs no database. With --down, the reverting SQL.
+           own tool; needs no database. With --down, the reverting SQL. With
+           --goose-dir, write goose files into your goose directory instead.
+
+Choose the schema with the URL: ?options=-csearch_path%3Dname.
 
 Flags:
-  --database-url URL   the database (default: $DATABASE_URL); choose the schema
-                       with ?options=-csearch_path%3Dname
-  --down               with sql: print the down migrations, newest first
-
+{{flags}}
 Examples:
   pgdedup migrate up --database-url 'postgres://app@db:5432/app?sslmode=require'
   DATABASE_URL='postgres://app@db/app?options=-csearch_path%3Dops' pgdedup migrate status
   pgdedup migrate sql | psql "$DATABASE_URL"
+  pgdedup migrate sql --goose-dir db/migrations && goose -dir db/migrations postgres "$DATABASE_URL" up
 `
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("migrate", migrateHelp, stdout, stderr)
 	fs := c.flags(false)
-	down := fs.Bool("down", false, "")
+	down := fs.Bool("down", false, "with sql: print the down migrations, newest first")
+	gooseDir := fs.String("goose-dir", "", "with sql: write the pgdedup migrations `DIR` lacks into it as goose files, "+
+		"numbered after DIR's newest version in its style (00007_… or a timestamp), for your own goose CLI to apply. "+
+		"Run it again after upgrading pgdedup: it adds only the new ones. Then do not call pgdedup.Migrate "+
+		"or 'pgdedup migrate up' on that database")
+	after := fs.Int64("after", 0, "with --goose-dir: number after `VERSION` instead")
 	rest, code, ok := c.parse(fs, args)
 	switch {
 	case !ok:
@@ -57,13 +63,24 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	action := rest[0]
 	switch action {
 	case "sql":
+		switch {
+		case *gooseDir != "" && *down:
+			return c.usageError("--down does not go with --goose-dir: the goose files hold their Down sections")
+		case *gooseDir != "":
+			return c.exportGoose(*gooseDir, *after)
+		case *after != 0:
+			return c.usageError("--after goes with --goose-dir")
+		}
 		return c.migrationSQL(*down)
 	case "up", "down", "status":
 	default:
 		return c.usageError("unknown action %q: want up, down, status or sql", action)
 	}
-	if *down {
+	switch {
+	case *down:
 		return c.usageError("--down only goes with sql; to revert, run 'pgdedup migrate down'")
+	case *gooseDir != "" || *after != 0:
+		return c.usageError("--goose-dir and --after only go with sql")
 	}
 
 	db, code := c.openDB(ctx)
@@ -75,6 +92,18 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return c.fail(err)
 	}
+	if action != "down" {
+		if owner, err := c.otherOwner(ctx, db); err != nil || owner != "" {
+			if err != nil {
+				return c.fail(err)
+			}
+			if action == "status" {
+				fmt.Fprintln(c.stdout, owner)
+				return exitOK
+			}
+			return c.fail(fmt.Errorf("%w: %s", pgdedup.ErrMigratedByAnotherTool, owner))
+		}
+	}
 	switch action {
 	case "up":
 		return c.up(ctx, p)
@@ -83,6 +112,21 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	default:
 		return c.status(ctx, db, p)
 	}
+}
+
+// otherOwner says which tool applies pgdedup's migrations on db when it is not
+// pgdedup: processed_messages exists in the schema the migrations use, and
+// pgdedup's version table does not.
+func (c *command) otherOwner(ctx context.Context, db *sql.DB) (string, error) {
+	var table, versions bool
+	err := db.QueryRowContext(ctx, `SELECT to_regclass(format('%I.%I', current_schema(), 'processed_messages')) IS NOT NULL,
+		to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL`, pgdedup.VersionTable).Scan(&table, &versions)
+	if err != nil || !table || versions {
+		return "", err
+	}
+	return fmt.Sprintf("processed_messages exists but %s does not record it: another tool applies pgdedup's migrations here, "+
+		"your goose if it applied the files of 'pgdedup migrate sql --goose-dir' (ask it: goose status). Keep using it, "+
+		"and export new pgdedup migrations to it with 'pgdedup migrate sql --goose-dir DIR'", pgdedup.VersionTable), nil
 }
 
 func (c *command) up(ctx context.Context, p *goose.Provider) int {
@@ -95,8 +139,9 @@ func (c *command) up(ctx context.Context, p *goose.Provider) int {
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P07" { // duplicate_table
-			err = fmt.Errorf("%w\n(the table exists but %s does not record it: was it created by `pgdedup migrate sql` or by hand? "+
-				"Then keep applying migrations that way, or drop the table)", err, pgdedup.VersionTable)
+			err = fmt.Errorf("%w\n(the table exists but %s does not record it: was it created by your goose "+
+				"(files from `pgdedup migrate sql --goose-dir`), by `pgdedup migrate sql` or by hand? "+
+				"Then keep applying pgdedup's migrations that way, and do not run 'pgdedup migrate up' on this database)", err, pgdedup.VersionTable)
 		}
 		return c.fail(fmt.Errorf("migrate up: %w", err))
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,13 +20,13 @@ import (
 )
 
 // up, status, down and up again on an empty schema, checking the table each
-// time by using it. The migrations are read from pgdedup.Migrations, so adding
+// time by using it. The migrations are read from pgdedup.Migrations(), so adding
 // one does not change this test.
 func TestMigrateLifecycle(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewUnmigrated(t)
 	migrate := func(action string) result { return run(t, "migrate", action, "--database-url", db.URL) }
-	files, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	files, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(files) < 2 || files[0] != "00001_processed_messages.sql" {
 		t.Fatalf("migrations %v, %v; want 00001_processed_messages.sql first of several", files, err)
 	}
@@ -104,7 +106,7 @@ func TestMigrateSQL(t *testing.T) {
 	}
 	usable(t, db.Pool)
 	r := run(t, "migrate", "up", "--database-url", db.URL)
-	if r.code != 1 || !strings.Contains(r.stderr, "created by `pgdedup migrate sql` or by hand?") {
+	if r.code != 1 || !strings.Contains(r.stderr, "another tool applies pgdedup's migrations here") {
 		t.Errorf("migrate up over a table made by migrate sql: %s", r)
 	}
 	if _, err := db.Pool.Exec(ctx, down.stdout); err != nil {
@@ -112,6 +114,55 @@ func TestMigrateSQL(t *testing.T) {
 	}
 	if exists(t, db.Pool, "processed_messages") {
 		t.Error("processed_messages still exists after the down SQL")
+	}
+}
+
+// migrate sql --goose-dir writes files the host's goose CLI applies after its
+// own migrations; afterwards migrate up and status say that goose owns them.
+func TestMigrateSQLGooseDir(t *testing.T) {
+	t.Parallel()
+	goose := pgtest.NewGoose(t)
+	db := pgtest.NewUnmigrated(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "00001_add_users.sql"),
+		[]byte("-- +goose Up\nCREATE TABLE users (id int);\n-- +goose Down\nDROP TABLE users;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	goose.Up(dir, db)
+
+	r := run(t, "migrate", "sql", "--goose-dir", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "wrote "+filepath.Join(dir, "00002_pgdedup_00001_processed_messages.sql")) ||
+		!strings.Contains(r.stdout, "goose -dir "+dir+" postgres") {
+		t.Fatalf("migrate sql --goose-dir: %s", r)
+	}
+	goose.Up(dir, db)
+	usable(t, db.Pool)
+	if r := run(t, "migrate", "sql", "--goose-dir", dir); r.code != 0 || !strings.Contains(r.stdout, "nothing to write") {
+		t.Fatalf("second export: %s", r)
+	}
+
+	r = run(t, "migrate", "up", "--database-url", db.URL)
+	if r.code != 1 || !strings.Contains(r.stderr, "another tool applies pgdedup's migrations here") || !strings.Contains(r.stderr, "--goose-dir") {
+		t.Errorf("migrate up on a database goose migrated: %s", r)
+	}
+	r = run(t, "migrate", "status", "--database-url", db.URL)
+	if r.code != 0 || !strings.Contains(r.stdout, "goose status") || strings.Contains(r.stdout, "pending") {
+		t.Errorf("migrate status on a database goose migrated: %s", r)
+	}
+	if exists(t, db.Pool, pgdedup.VersionTable) {
+		t.Errorf("%s created on a database goose migrates", pgdedup.VersionTable)
+	}
+	for _, args := range [][]string{
+		{"migrate", "sql", "--goose-dir", dir, "--down"},
+		{"migrate", "sql", "--after", "3"},
+		{"migrate", "up", "--goose-dir", dir},
+	} {
+		if r := run(t, args...); r.code != 2 {
+			t.Errorf("%q: %s", args, r)
+		}
+	}
+	if r := run(t, "migrate", "sql", "--goose-dir", filepath.Join(dir, "nope")); r.code != 1 || !strings.Contains(r.stderr, "no such file") {
+		t.Errorf("missing directory: %s", r)
 	}
 }
 

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/pgdedup/pgdedup"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
-	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // The ambiguous commit (the connection cut around COMMIT) is tested, with
@@ -19,22 +17,8 @@ import (
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
-	pool := pgtest.Pool(t, proxied, 1)
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, pool, measure := countedStore(t, b)
 	ctx := ctxT(t)
-
-	measure := func(f func() error) int64 {
-		t.Helper()
-		before := proxy.RoundTrips()
-		if err := f(); err != nil {
-			t.Fatal(err)
-		}
-		return proxy.RoundTrips() - before
-	}
 	n := 0
 	process := func() error { n++; _, err := store.Process(ctx, fmt.Sprint("m", n), charge("o")); return err }
 	bare := func() error {

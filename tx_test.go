@@ -1,6 +1,7 @@
 package pgdedup_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -191,32 +192,139 @@ func TestClaimBatchOverlappingNoDeadlock(t *testing.T) {
 	}
 }
 
-func TestProcessBatchAllDuplicatesSkipsFn(t *testing.T) {
+// Consumer names and message IDs are bound parameters: SQL in them is stored
+// byte for byte, harms nothing, and matches no other consumer's rows.
+func TestConsumerAndIDsAreNotSQL(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	insert := func(ctx context.Context, tx pgx.Tx, fresh []string) error {
-		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) SELECT unnest($1::text[])`, fresh)
-		return err
+	if _, err := b.store.Process(ctx, "m1", charge("o-billing")); err != nil {
+		t.Fatal(err)
 	}
-	fresh, err := b.store.ProcessBatch(ctx, []string{"a", "b"}, insert)
-	if err != nil || !slices.Equal(fresh, []string{"a", "b"}) {
-		t.Fatal(fresh, err)
+	hostile := []string{
+		`x'); DROP TABLE charges; --`,
+		`billing' OR '1'='1`,
+		`billing'--`,
+		`"; DROP SCHEMA public CASCADE; --`,
+		`$1`,
+		`\'; DELETE FROM processed_messages; --`,
+		`E'\x27'`,
+		"billing\u2019 OR 1=1",
 	}
-	called := false
-	fresh, err = b.store.ProcessBatch(ctx, []string{"b", "a", "b"}, func(context.Context, pgx.Tx, []string) error {
-		called = true
-		return nil
+	for _, consumer := range hostile {
+		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: consumer})
+		if err != nil {
+			t.Fatalf("New with Consumer %q: %v", consumer, err)
+		}
+		for _, id := range append([]string{"m1"}, hostile...) {
+			processed, err := store.Process(ctx, id, charge("o-hostile"))
+			if err != nil || !processed {
+				t.Fatalf("consumer %q, ID %q: processed=%v err=%v, want true, nil", consumer, id, processed, err)
+			}
+			if !recorded(t, b.pool, consumer, id) {
+				t.Fatalf("consumer %q, ID %q not recorded verbatim", consumer, id)
+			}
+		}
+	}
+	want := len(hostile) * (len(hostile) + 1)
+	if got := chargesPerOrder(t, b.pool); got["o-hostile"] != want || got["o-billing"] != 1 {
+		t.Fatalf("charges per order %v, want o-hostile %d times and o-billing once", got, want)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
+		t.Fatalf("%d IDs recorded, want %d", n, want+1)
+	}
+	if _, err := b.store.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != want+1 {
+		t.Fatalf("Cleanup left %d IDs of unexpired %d", n, want+1)
+	}
+}
+
+// FuzzClaimBatch claims a random batch in a transaction against real Postgres,
+// after claiming its first k IDs, and checks the outcome against a model: a
+// batch with a bad ID fails whole, naming the first bad index, and records
+// nothing; otherwise the fresh IDs are the batch's IDs not claimed before, each
+// once, in input order, and what Postgres holds equals the IDs byte for byte.
+// The batch is data split at sep. Each input rolls back, so inputs are
+// independent. Run longer with:
+// go test -run '^$' -fuzz '^FuzzClaimBatch$' -fuzztime 1m .
+func FuzzClaimBatch(f *testing.F) {
+	f.Add([]byte("a,b,c"), byte(','), uint8(0))
+	f.Add([]byte("a,b,a,c,b"), byte(','), uint8(2))
+	f.Add([]byte("x|y|x"), byte('|'), uint8(3))
+	f.Add([]byte("ok,,ok"), byte(','), uint8(1))
+	f.Add([]byte("ok;bad\x00;ok"), byte(';'), uint8(1))
+	f.Add([]byte("ok;\xff;ok"), byte(';'), uint8(0))
+	f.Add([]byte("é;e\u0301;E; é;é "), byte(';'), uint8(1))
+	f.Add(append([]byte("short\n"), bytes.Repeat([]byte("L"), 1025)...), byte('\n'), uint8(1))
+	f.Add(bytes.Repeat([]byte("id\x00"), 500), byte(0), uint8(7))
+
+	db := pgtest.New(f)
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "fuzz"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, sep byte, k uint8) {
+		ids := strings.Split(string(data), string([]byte{sep}))
+		pre := ids[:min(int(k), len(ids))]
+		ctx := context.Background()
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // the model's checks run inside tx
+
+		claimed := checkClaimBatch(t, store, tx, pre, nil)
+		checkClaimBatch(t, store, tx, ids, claimed)
 	})
-	if err != nil || len(fresh) != 0 || called {
-		t.Fatalf("all duplicates: fresh=%v err=%v fn called=%v", fresh, err, called)
+}
+
+// checkClaimBatch runs ClaimBatch(ids) in tx, whose claims so far are claimed,
+// checks it against the model and returns the claims after it.
+func checkClaimBatch(t *testing.T, store *pgdedup.Store, tx pgx.Tx, ids, claimed []string) []string {
+	t.Helper()
+	ctx := context.Background()
+	fresh, err := store.ClaimBatch(ctx, tx, ids)
+
+	bad := slices.IndexFunc(ids, func(id string) bool { return !validID(id) })
+	var want []string
+	if bad < 0 {
+		seen := make(map[string]bool, len(claimed)+len(ids))
+		for _, id := range claimed {
+			seen[id] = true
+		}
+		for _, id := range ids {
+			if !seen[id] {
+				want = append(want, id)
+			}
+			seen[id] = true
+		}
+	} else {
+		says := fmt.Sprintf("message %d of %d", bad, len(ids))
+		if !errors.Is(err, pgdedup.ErrInvalidMessageID) || !strings.Contains(err.Error(), says) {
+			t.Fatalf("ClaimBatch(%q) err=%v, want ErrInvalidMessageID saying %q", ids, err, says)
+		}
 	}
-	errBoom := errors.New("boom")
-	_, err = b.store.ProcessBatch(ctx, []string{"c", "a"}, func(context.Context, pgx.Tx, []string) error { return errBoom })
-	if !errors.Is(err, errBoom) || recorded(t, b.pool, "billing", "c") {
-		t.Fatalf("fn error: err=%v, c recorded=%v", err, recorded(t, b.pool, "billing", "c"))
+	if bad < 0 && err != nil {
+		t.Fatalf("ClaimBatch(%q): %v", ids, err)
 	}
-	if got := chargesPerOrder(t, b.pool); got["a"] != 1 || got["b"] != 1 || len(got) != 2 {
-		t.Fatalf("charges %v", got)
+	if !slices.Equal(fresh, want) {
+		t.Fatalf("ClaimBatch(%q) after %q: fresh=%q, want %q", ids, claimed, fresh, want)
 	}
+	claimed = append(claimed, want...)
+
+	rows, err := tx.Query(ctx, `SELECT message_id FROM processed_messages WHERE consumer = 'fuzz'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(stored)
+	if want := slices.Sorted(slices.Values(claimed)); !slices.Equal(stored, want) {
+		t.Fatalf("after ClaimBatch(%q): Postgres holds %q, want %q", ids, stored, want)
+	}
+	return claimed
 }
