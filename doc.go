@@ -14,4 +14,9 @@
 //		return err
 //	})
 //	// err == nil: ack the message, whether processed is true or it was a duplicate.
+//
+// For a partitioned log read in order, such as Kafka, [Store.ProcessOffsets]
+// keeps one row per (consumer, topic, partition) instead, holding the last
+// processed offset, advanced in the business transaction; on assignment,
+// [Store.ResumeOffsets] says where to resume.
 package pgdedup
