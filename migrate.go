@@ -17,15 +17,21 @@ import (
 //go:embed migrations/*.sql
 var migrationsFS embed.FS
 
-// Migrations holds pgdedup's goose SQL migrations (00001_processed_messages.sql, …)
+// Migrations returns pgdedup's goose SQL migrations (00001_processed_messages.sql, …)
 // at its root. Teams that run the goose CLI themselves write them into their
 // own migrations directory with `pgdedup migrate sql --goose-dir DIR`, which
 // numbers them after the directory's versions (copied as they are, versions 1,
 // 2, … clash with the host's own). Either way, one tool owns them: a host whose
 // goose applied them must not also call [Migrate].
-var Migrations fs.FS = mustSub(migrationsFS, "migrations")
+//
+// It is a function, not a variable, so that no caller can change what
+// [Migrate] applies.
+func Migrations() fs.FS { return migrations }
 
-// VersionTable is the goose version table Migrate uses. It is pgdedup's own,
+// migrations is what Migrate applies: the embedded files, at the root.
+var migrations = mustSub(migrationsFS, "migrations")
+
+// VersionTable is the goose version table [Migrate] uses. It is pgdedup's own,
 // so the host service's goose_db_version is never touched.
 const VersionTable = "pgdedup_db_version"
 
@@ -41,7 +47,7 @@ const (
 // when processed_messages exists but [VersionTable] does not record it: the
 // table was made by another migration tool, typically the host's own goose
 // applying the files of `pgdedup migrate sql --goose-dir`, or by hand. One tool
-// must own the table's migrations; Migrate changes nothing in this case.
+// must own the table's migrations; [Migrate] changes nothing in this case.
 var ErrMigratedByAnotherTool = errors.New("pgdedup: processed_messages was created by another migration tool")
 
 // Migrate applies pgdedup's migrations that db has not seen yet, creating
@@ -93,9 +99,17 @@ func migratedElsewhere() error {
 }
 
 // NewMigrationProvider returns a goose Provider for pgdedup's migrations on db,
-// with pgdedup's own version table and lock, for callers who need more than
-// Migrate: Down, Status, UpTo. Do not call the Provider's Close unless you mean
-// to close db: goose closes the *sql.DB it was given.
+// with pgdedup's own [VersionTable] and lock, for callers who need more than
+// [Migrate]: Down, DownTo, UpTo, Status, GetDBVersion.
+//
+// It returns goose's own type on purpose. goose v3's Provider is the engine
+// [Migrate] runs and a stable API of its own; wrapping each of its operations
+// would add API to pgdedup without adding anything, and the pgdedup CLI's
+// migrate down and status are built on it. The price: pgdedup's API moves with
+// goose's major version.
+//
+// Do not call the Provider's Close unless you mean to close db: goose closes
+// the *sql.DB it was given.
 func NewMigrationProvider(db *sql.DB) (*goose.Provider, error) {
 	locker, err := lock.NewPostgresTableLocker(
 		lock.WithTableName(lockTable),
@@ -105,7 +119,7 @@ func NewMigrationProvider(db *sql.DB) (*goose.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdedup: migration lock: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, Migrations,
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations,
 		goose.WithTableName(VersionTable),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithLocker(locker),

@@ -62,13 +62,13 @@ func TestMigrationsWithPlainGoose(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewUnmigrated(t)
 	ctx := ctxT(t)
-	names, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(names) == 0 || !strings.HasPrefix(names[0], "00001_") {
 		t.Fatalf("Migrations holds %v, %v", names, err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)
 	defer sqlDB.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations)
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
 	ctx := ctxT(t)
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)
 	defer sqlDB.Close()
-	host, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations) // the host's goose_db_version
+	host, err := goose.NewProvider(goose.DialectPostgres, sqlDB, pgdedup.Migrations()) // the host's goose_db_version
 	if err != nil {
 		t.Fatal(err)
 	}

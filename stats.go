@@ -2,6 +2,7 @@ package pgdedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,7 +10,7 @@ import (
 )
 
 // Stats is what the dedup table holds, as read by [Store.Stats]: rows per
-// consumer, how many have expired (the next Cleanup deletes them), and the
+// consumer, how many have expired (the next [Store.Cleanup] deletes them), and the
 // table's size on disk. Its JSON form is the output of `pgdedup stats --json`.
 type Stats struct {
 	// Now is the database's clock when the rows were counted; expiry is
@@ -20,9 +21,30 @@ type Stats struct {
 	TableBytes  int64     `json:"table_bytes"`  // the heap, with its TOAST table and maps (pg_table_size)
 	IndexBytes  int64     `json:"index_bytes"`  // all its indexes (pg_indexes_size)
 	TotalBytes  int64     `json:"total_bytes"`  // table and indexes (pg_total_relation_size)
+
+	// DeadTuples is PostgreSQL's estimate of the rows deleted (by Cleanup)
+	// whose space vacuum has not reclaimed yet (pg_stat_user_tables.n_dead_tup).
+	// A figure that keeps growing past the rows one Cleanup deletes means
+	// vacuum does not keep up (see docs/operations.md).
+	DeadTuples int64 `json:"dead_tuples"`
+	// LastVacuum and LastAutovacuum are when the table was last vacuumed by
+	// hand and by autovacuum, nil if never since the statistics were reset.
+	LastVacuum     *time.Time `json:"last_vacuum"`
+	LastAutovacuum *time.Time `json:"last_autovacuum"`
+	// Indexes lists each index of the table with its size, ordered by name.
+	// Their sizes add up to IndexBytes.
+	Indexes []IndexStats `json:"indexes"`
+
 	// Consumers has one entry per consumer with rows, ordered by name; it is
 	// empty, not nil, for an empty table.
 	Consumers []ConsumerStats `json:"consumers"`
+}
+
+// IndexStats is one index of the table in [Stats].
+type IndexStats struct {
+	Name   string `json:"name"`
+	Method string `json:"method"` // btree, brin, hash…
+	Bytes  int64  `json:"bytes"`  // all its forks (pg_total_relation_size of the index)
 }
 
 // ConsumerStats are one consumer's rows in [Stats].
@@ -36,11 +58,17 @@ type ConsumerStats struct {
 	NextExpiry *time.Time `json:"next_expiry"`
 }
 
-// Stats reads the dedup table's rows per consumer, expired rows and size. Like
-// [Store.Cleanup] it covers every consumer in the table, not only the Store's.
-// It counts the whole table (one sequential scan): on tens of millions of rows
-// expect seconds, so read it every minute or so, not per message. Times are in
-// UTC. It needs only SELECT on the table.
+// Stats reads the dedup table's rows per consumer, expired rows, size, dead
+// tuples, last vacuums and index sizes. Like [Store.Cleanup] it covers every
+// consumer in the table, not only the [Store]'s. It counts the whole table (one
+// sequential scan): on tens of millions of rows expect seconds, so read it
+// every minute or so, not per message. Times are in UTC. It needs only SELECT
+// on the table.
+//
+// On a table Citus distributes, the sizes are the shards' total, and
+// DeadTuples, LastVacuum, LastAutovacuum and Indexes are left empty: the
+// coordinator's own table is an empty shell, and the shards are vacuumed on
+// the workers.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	var st Stats
 	var exists bool
@@ -66,6 +94,8 @@ FROM to_regclass($1::text) r`, s.sql.table).Scan(&st.Now, &exists, &st.TableByte
 			return Stats{}, fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.sql.table, withDetail(err))
 		}
 		st.IndexBytes = st.TotalBytes - st.TableBytes
+	} else if err := s.vacuumStats(ctx, &st); err != nil {
+		return Stats{}, err
 	}
 	// The first statement's now() is passed on, so that "expired" means the
 	// same instant in both even though they are two statements.
@@ -83,6 +113,9 @@ FROM `+s.sql.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
 	if st.Consumers == nil {
 		st.Consumers = []ConsumerStats{}
 	}
+	if st.Indexes == nil {
+		st.Indexes = []IndexStats{}
+	}
 	for i := range st.Consumers {
 		cs := &st.Consumers[i]
 		st.Rows += cs.Rows
@@ -93,4 +126,27 @@ FROM `+s.sql.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
 		}
 	}
 	return st, nil
+}
+
+// vacuumStats fills in st's dead tuples, last vacuums and indexes, from the
+// statistics views and catalogs, which any role may read.
+func (s *Store) vacuumStats(ctx context.Context, st *Stats) error {
+	err := s.db.QueryRow(ctx, `SELECT n_dead_tup, last_vacuum, last_autovacuum FROM pg_stat_user_tables
+WHERE relid = to_regclass($1::text)`, s.sql.table).Scan(&st.DeadTuples, &st.LastVacuum, &st.LastAutovacuum)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) { // no row: track_counts is off
+		return fmt.Errorf("pgdedup: stats of %s: read vacuum statistics: %w", s.sql.table, err)
+	}
+	for _, t := range []*time.Time{st.LastVacuum, st.LastAutovacuum} {
+		if t != nil {
+			*t = t.UTC()
+		}
+	}
+	rows, _ := s.db.Query(ctx, `SELECT c.relname, am.amname, pg_total_relation_size(c.oid)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
+WHERE i.indrelid = to_regclass($1::text) ORDER BY c.relname`, s.sql.table)
+	st.Indexes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[IndexStats])
+	if err != nil {
+		return fmt.Errorf("pgdedup: stats of %s: read index sizes: %w", s.sql.table, err)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 // Stats counts what the table holds, per consumer, against the database's clock.
@@ -62,5 +63,56 @@ func TestStatsEmptyAndMissingTable(t *testing.T) {
 	}
 	if _, err := missing.Stats(ctx); err == nil || !strings.Contains(err.Error(), `"nowhere": table not found`) {
 		t.Errorf("missing table: %v", err)
+	}
+}
+
+// Deleted rows count as dead tuples until a VACUUM removes them, and the
+// VACUUM is reported; every index is listed with its size, and they add up.
+func TestStatsDeadTuplesVacuumAndIndexes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	// Autovacuum (on in CI) must not vacuum behind the test's back.
+	mustExec(t, b.pool, `ALTER TABLE processed_messages SET (autovacuum_enabled = false)`)
+	pgtest.Seed(t, b.pool, "billing", "old-", 1_000, -time.Hour)
+	pgtest.Seed(t, b.pool, "billing", "live-", 10, time.Hour)
+	// The deleting session's statistics reach the shared ones when it goes idle,
+	// at most once a second unless forced.
+	mustExec(t, b.pool, `DELETE FROM processed_messages WHERE expires_at < now(); SELECT pg_stat_force_next_flush()`)
+
+	st, err := b.store.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pgtest.CitusColumn() != "" { // see Store.Stats
+		if st.DeadTuples != 0 || st.LastVacuum != nil || len(st.Indexes) != 0 {
+			t.Errorf("on Citus: dead tuples %d, last vacuum %v, indexes %+v; want none", st.DeadTuples, st.LastVacuum, st.Indexes)
+		}
+		return
+	}
+	if st.DeadTuples != 1_000 || st.LastVacuum != nil || st.LastAutovacuum != nil {
+		t.Errorf("after deleting 1000 rows: dead tuples %d, last vacuum %v, last autovacuum %v; want 1000, never, never",
+			st.DeadTuples, st.LastVacuum, st.LastAutovacuum)
+	}
+	var sum int64
+	for _, ix := range st.Indexes {
+		if ix.Name == "" || ix.Method == "" || ix.Bytes <= 0 {
+			t.Errorf("index %+v", ix)
+		}
+		sum += ix.Bytes
+	}
+	if len(st.Indexes) < 2 || sum != st.IndexBytes {
+		t.Errorf("indexes %+v add up to %d bytes, want at least 2 adding up to IndexBytes %d", st.Indexes, sum, st.IndexBytes)
+	}
+
+	mustExec(t, b.pool, `VACUUM processed_messages`) // reported at once
+	st, err = b.store.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// VACUUM leaves the dead tuples an older snapshot may still see (another
+	// test's, on a shared server): they are counted until the next one.
+	if st.DeadTuples > 1_000 || st.LastVacuum == nil || st.LastVacuum.Sub(st.Now).Abs() > time.Minute || st.LastVacuum.Location() != time.UTC {
+		t.Errorf("after VACUUM: dead tuples %d, last vacuum %v (now %v); want at most 1000, just now in UTC", st.DeadTuples, st.LastVacuum, st.Now)
 	}
 }

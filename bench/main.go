@@ -30,6 +30,8 @@ import (
 // config is the command line.
 type config struct {
 	databaseURL     string
+	citusURL        string
+	citusShards     int
 	redisAddr       string
 	workers         []int
 	rounds          int
@@ -42,12 +44,18 @@ type config struct {
 	out             string
 	cpuProfile      string
 
+	soak soakConfig // -only soak
+
 	accountMessages int // messages per repetition when counting round trips and WAL
 	accountReps     int // repetitions; the WAL figure is the smallest
 }
 
 // parts are the parts of a run, for -only, in the order they run.
 var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
+
+// optionalParts run only when -only names them: the soak takes minutes and
+// starts a cluster of its own; citus needs a Citus cluster (-citus-url).
+var optionalParts = []string{"soak", "citus"}
 
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
@@ -57,6 +65,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@localhost:5432/postgres?sslmode=disable"),
 		"Postgres to measure (default $DATABASE_URL, else the docker-compose database)")
+	fs.StringVar(&c.citusURL, "citus-url", cmp.Or(os.Getenv("CITUS_URL"), "postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable"),
+		"Citus coordinator for -only citus (default $CITUS_URL, else the test cluster of .ci/citus.sh)")
+	fs.IntVar(&c.citusShards, "citus-shards", 0, "shards per table for -only citus (0: the cluster's citus.shard_count, 32 by default)")
 	fs.StringVar(&c.redisAddr, "redis", cmp.Or(os.Getenv("REDIS_ADDR"), "127.0.0.1:6379"), "Redis address for the SET NX recipe (default $REDIS_ADDR)")
 	workers := fs.String("workers", "1,8", "comma-separated worker counts (concurrent messages)")
 	fs.IntVar(&c.rounds, "rounds", 20, "interleaved rounds; results are medians over rounds")
@@ -65,7 +76,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.cleanupRows, "cleanup-rows", 1_000_000, "expired rows Cleanup deletes")
 	fs.IntVar(&c.cleanupBatch, "cleanup-batch", 0, "Config.CleanupBatchSize for Cleanup (0: the library default)")
 	fs.DurationVar(&c.cleanupBaseline, "cleanup-baseline", 3*time.Second, "how long Process runs alone before Cleanup, for its p99 without cleanup")
-	only := fs.String("only", strings.Join(parts, ","), "comma-separated parts to run: "+strings.Join(parts, ", "))
+	only := fs.String("only", strings.Join(parts, ","), "comma-separated parts to run: "+strings.Join(parts, ", ")+
+		"; and, only when named, "+strings.Join(optionalParts, ", "))
+	fs.DurationVar(&c.soak.duration, "soak-duration", 2*time.Minute, "soak: how long messages are sent")
+	fs.IntVar(&c.soak.rate, "soak-rate", 200, "soak: new messages per second")
+	fs.Float64Var(&c.soak.dupShare, "soak-dups", 0.2, "soak: redeliveries sent on top of the new messages, as a share of them")
+	fs.DurationVar(&c.soak.retention, "soak-retention", 30*time.Second, "soak: the Store's Retention")
+	fs.DurationVar(&c.soak.cleanEach, "soak-clean-every", 3*time.Second, "soak: RunCleaner's interval")
+	fs.IntVar(&c.soak.workers, "soak-workers", 4, "soak: concurrent Process calls")
+	fs.DurationVar(&c.soak.naptime, "soak-naptime", time.Second, "soak: autovacuum_naptime of the soak's cluster")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -82,8 +101,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		c.workers = append(c.workers, n)
 	}
 	for _, p := range strings.Split(*only, ",") {
-		if p = strings.TrimSpace(p); !slices.Contains(parts, p) {
-			return c, fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(parts, ", "))
+		if p = strings.TrimSpace(p); !slices.Contains(parts, p) && !slices.Contains(optionalParts, p) {
+			return c, fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(append(parts, optionalParts...), ", "))
 		}
 		c.only = append(c.only, p)
 	}
@@ -96,6 +115,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-delay must not be negative")
 	case c.cleanupRows < 1 || c.cleanupBaseline <= 0 || c.cleanupBatch < 0:
 		return c, errors.New("-cleanup-rows and -cleanup-baseline must be positive, -cleanup-batch not negative")
+	}
+	if c.runs("soak") {
+		c.soak.sampleEvery = max(5*time.Second, c.soak.duration/30)
+		if err := c.soak.validate(); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
 }

@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,6 +18,9 @@ import (
 // run performs the parts cfg asks for and writes the report to stdout (and
 // to cfg.out). The schema and Redis keys are removed even when it fails.
 func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) {
+	if slices.Equal(cfg.only, []string{"soak"}) { // needs neither DATABASE_URL nor Redis
+		return soak(ctx, cfg, stdout, stderr)
+	}
 	rep := &report{cfg: cfg, start: time.Now(), loadBefore: loadAverage()}
 	b, err := newBench(ctx, cfg)
 	if err != nil {
@@ -60,10 +65,49 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		}
 		rep.cleanup = &c
 	}
+	if cfg.runs("citus") {
+		if rep.citus, err = b.runCitus(ctx, prog); err != nil {
+			return err
+		}
+	}
 	rep.loadAfter = loadAverage()
 	rep.took = time.Since(rep.start)
+	if err := write(cfg, stdout, rep.markdown()); err != nil {
+		return err
+	}
+	if cfg.runs("soak") {
+		return soak(ctx, cfg, stdout, stderr)
+	}
+	return nil
+}
 
-	md := rep.markdown()
+// soak runs the soak and writes its report (appended to cfg.out's, if any).
+// It fails when the soak fails one of its checks.
+func soak(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
+	prog := newProgress(stderr, 3+int(cfg.soak.duration/cfg.soak.sampleEvery))
+	loadBefore := loadAverage()
+	r, err := runSoak(ctx, cfg.soak, prog)
+	prog.finish()
+	if err != nil {
+		return err
+	}
+	md := r.markdown(loadBefore, loadAverage())
+	if slices.Equal(cfg.only, []string{"soak"}) {
+		err = write(cfg, stdout, md)
+	} else {
+		err = appendTo(cfg, stdout, md)
+	}
+	if err != nil {
+		return err
+	}
+	if !r.passed() {
+		return errors.New("soak: a check failed (see the report)")
+	}
+	return nil
+}
+
+// write writes md to stdout and to cfg.out.
+func write(cfg config, stdout io.Writer, md string) error {
 	if _, err := io.WriteString(stdout, md); err != nil {
 		return err
 	}
@@ -71,6 +115,22 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		return os.WriteFile(cfg.out, []byte(md), 0o644)
 	}
 	return nil
+}
+
+// appendTo writes md to stdout and appends it to cfg.out.
+func appendTo(cfg config, stdout io.Writer, md string) error {
+	if _, err := io.WriteString(stdout, md); err != nil {
+		return err
+	}
+	if cfg.out == "" {
+		return nil
+	}
+	f, err := os.OpenFile(cfg.out, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(f, md)
+	return errors.Join(err, f.Close())
 }
 
 func plannedSteps(cfg config) int {
@@ -90,6 +150,9 @@ func plannedSteps(cfg config) int {
 	}
 	if cfg.runs("cleanup") {
 		n += 3
+	}
+	if cfg.runs("citus") {
+		n += len(cfg.workers)*(cfg.rounds+1)*len(citusScenarios) + 4
 	}
 	return n
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupotel"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // The metrics equal what happened: each delivery, by outcome, against the
@@ -165,4 +167,45 @@ func collect(t *testing.T, reader sdkmetric.Reader) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// A connection cut at COMMIT is a retry with error.type connection. If the
+// COMMIT had not reached the server, the retry processes the message; if it
+// had (the ambiguous commit), the retry finds the ID and the message counts
+// as a duplicate, although this very call charged it: the metrics count
+// attempts as Postgres saw them, and the charge is there once either way.
+func TestOnEventCountsCutCommits(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		how     wireproxy.Cut
+		outcome string
+	}{{wireproxy.CutBeforeCommit, "processed"}, {wireproxy.CutAfterCommit, "duplicate"}} {
+		t.Run(tc.outcome, func(t *testing.T) {
+			t.Parallel()
+			reader := sdkmetric.NewManualReader()
+			onEvent, err := pgdedupotel.OnEvent(pgdedupotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := pgtest.New(t)
+			mustExec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+			proxy, proxied := pgtest.NewProxy(t, db.URL, wireproxy.Config{})
+			store, err := pgdedup.New(pgtest.Pool(t, proxied, 2), pgdedup.Config{Consumer: "billing", OnEvent: onEvent})
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy.CutCommits(1, tc.how)
+			if _, err := store.Process(ctxT(t), "a", charge("a")); err != nil {
+				t.Fatal(err)
+			}
+			if n := count(t, db.Pool, `SELECT count(*) FROM charges`); n != 1 {
+				t.Fatalf("%d charges, want 1", n)
+			}
+			got := collect(t, reader)
+			const c = "messaging.consumer.group.name=billing"
+			if got["pgdedup.retries{error.type=connection,"+c+"}"] != 1 || got["pgdedup.messages{"+c+",pgdedup.outcome="+tc.outcome+"}"] != 1 {
+				t.Errorf("collected %v: want one retry (connection) and one message %s", got, tc.outcome)
+			}
+		})
+	}
 }

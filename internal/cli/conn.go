@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,10 +60,12 @@ func (c *command) flags(withTable bool) *flag.FlagSet {
 const flagsMarker = "{{flags}}"
 
 // flagHelp lists fs's flags as --help shows them, generated from their
-// definitions so that help and flags cannot drift apart.
+// definitions so that help and flags cannot drift apart: one flag a line, its
+// text wrapped at 80 columns.
 func flagHelp(fs *flag.FlagSet) string {
-	var b strings.Builder
-	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	type row struct{ arg, usage string }
+	var rows []row
+	width := 0
 	fs.VisitAll(func(f *flag.Flag) {
 		value, usage := flag.UnquoteUsage(f)
 		arg := "--" + f.Name
@@ -76,9 +77,24 @@ func flagHelp(fs *flag.FlagSet) string {
 		default:
 			usage += " (default: " + f.DefValue + ")"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\n", arg, usage)
+		rows = append(rows, row{arg, usage})
+		width = max(width, len(arg))
 	})
-	tw.Flush()
+	var b strings.Builder
+	indent := strings.Repeat(" ", 2+width+3)
+	for _, r := range rows {
+		line := fmt.Sprintf("  %-*s   ", width, r.arg)
+		for i, word := range strings.Fields(r.usage) {
+			if i > 0 && len(line)+1+len(word) > 80 {
+				b.WriteString(line + "\n")
+				line = indent
+			} else if i > 0 {
+				line += " "
+			}
+			line += word
+		}
+		b.WriteString(line + "\n")
+	}
 	return b.String()
 }
 

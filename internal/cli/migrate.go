@@ -31,18 +31,10 @@ pgdedup's own table, ` + pgdedup.VersionTable + `, never in your goose_db_versio
            own tool; needs no database. With --down, the reverting SQL. With
            --goose-dir, write goose files into your goose directory instead.
 
-Flags:
-  --database-url URL   the database (default: $DATABASE_URL); choose the schema
-                       with ?options=-csearch_path%3Dname
-  --down               with sql: print the down migrations, newest first
-  --goose-dir DIR      with sql: write the pgdedup migrations DIR lacks into it
-                       as goose files, numbered after DIR's newest version in
-                       its style (00007_… or a timestamp), for your own goose
-                       CLI to apply. Run it again after upgrading pgdedup: it
-                       adds only the new ones. Then do not call pgdedup.Migrate
-                       or 'pgdedup migrate up' on that database.
-  --after VERSION      with --goose-dir: number after VERSION instead
+Choose the schema with the URL: ?options=-csearch_path%3Dname.
 
+Flags:
+{{flags}}
 Examples:
   pgdedup migrate up --database-url 'postgres://app@db:5432/app?sslmode=require'
   DATABASE_URL='postgres://app@db/app?options=-csearch_path%3Dops' pgdedup migrate status
@@ -53,9 +45,12 @@ Examples:
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("migrate", migrateHelp, stdout, stderr)
 	fs := c.flags(false)
-	down := fs.Bool("down", false, "")
-	gooseDir := fs.String("goose-dir", "", "")
-	after := fs.Int64("after", 0, "")
+	down := fs.Bool("down", false, "with sql: print the down migrations, newest first")
+	gooseDir := fs.String("goose-dir", "", "with sql: write the pgdedup migrations `DIR` lacks into it as goose files, "+
+		"numbered after DIR's newest version in its style (00007_… or a timestamp), for your own goose CLI to apply. "+
+		"Run it again after upgrading pgdedup: it adds only the new ones. Then do not call pgdedup.Migrate "+
+		"or 'pgdedup migrate up' on that database")
+	after := fs.Int64("after", 0, "with --goose-dir: number after `VERSION` instead")
 	rest, code, ok := c.parse(fs, args)
 	switch {
 	case !ok:

@@ -13,7 +13,7 @@ import (
 // numbered after dir's own (see package gooseexport), and says how to apply
 // them.
 func (c *command) exportGoose(dir string, after int64) int {
-	plan, err := gooseexport.NewPlan(pgdedup.Migrations, dir, after, time.Now())
+	plan, err := gooseexport.NewPlan(pgdedup.Migrations(), dir, after, time.Now())
 	if err != nil {
 		return c.fail(err)
 	}
@@ -28,7 +28,7 @@ func (c *command) exportGoose(dir string, after int64) int {
 		fmt.Fprintf(c.stdout, "nothing to write: %s has every pgdedup migration\n", dir)
 		return exitOK
 	}
-	if err := plan.Apply(pgdedup.Migrations, dir); err != nil {
+	if err := plan.Apply(pgdedup.Migrations(), dir); err != nil {
 		return c.fail(err)
 	}
 	for _, f := range plan.Write {

@@ -14,7 +14,7 @@ import (
 // with down, the Down) sections are kept, each file in a transaction of its
 // own as goose would run it, and the Down sections come newest first.
 func (c *command) migrationSQL(down bool) int {
-	names, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil {
 		return c.fail(err)
 	}
@@ -25,7 +25,7 @@ func (c *command) migrationSQL(down bool) int {
 		slices.Reverse(names)
 	}
 	for i, name := range names {
-		src, err := fs.ReadFile(pgdedup.Migrations, name)
+		src, err := fs.ReadFile(pgdedup.Migrations(), name)
 		if err != nil {
 			return c.fail(err)
 		}

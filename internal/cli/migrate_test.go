@@ -20,13 +20,13 @@ import (
 )
 
 // up, status, down and up again on an empty schema, checking the table each
-// time by using it. The migrations are read from pgdedup.Migrations, so adding
+// time by using it. The migrations are read from pgdedup.Migrations(), so adding
 // one does not change this test.
 func TestMigrateLifecycle(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewUnmigrated(t)
 	migrate := func(action string) result { return run(t, "migrate", action, "--database-url", db.URL) }
-	files, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	files, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(files) < 2 || files[0] != "00001_processed_messages.sql" {
 		t.Fatalf("migrations %v, %v; want 00001_processed_messages.sql first of several", files, err)
 	}

@@ -14,10 +14,12 @@ import (
 
 const statsHelp = `Usage: pgdedup stats [--json] [flags]
 
-Prints, per consumer: the rows held, the oldest processed_at, the rows already
-expired (deleted by the next cleanup), and the next expiry among the rest;
-then the size of the table and of its indexes. It reads the whole table: on
-tens of millions of rows, expect it to take seconds.
+Prints the size of the table and of its indexes, its dead tuples (rows deleted
+and not yet vacuumed) and when it was last vacuumed and autovacuumed; then, per
+consumer: the rows held, the oldest processed_at, the rows already expired
+(deleted by the next cleanup), and the next expiry among the rest; then each
+index and its size. It reads the whole table: on tens of millions of rows,
+expect it to take seconds.
 
 Flags:
 {{flags}}
@@ -66,26 +68,48 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 func printStats(w io.Writer, st stats) {
-	fmt.Fprintf(w, "%s: %d rows, %d expired; %s (table %s, indexes %s)\n\n", st.Table, st.Rows, st.ExpiredRows,
+	fmt.Fprintf(w, "%s: %d rows, %d expired; %s (table %s, indexes %s)\n", st.Table, st.Rows, st.ExpiredRows,
 		bytes(st.TotalBytes), bytes(st.TableBytes), bytes(st.IndexBytes))
+	if len(st.Indexes) > 0 { // not on Citus: see pgdedup.Store.Stats
+		fmt.Fprintf(w, "%d dead tuples; last vacuum %s, last autovacuum %s\n", st.DeadTuples,
+			when(st.LastVacuum, st.Now), when(st.LastAutovacuum, st.Now))
+	}
+	fmt.Fprintln(w)
 	if len(st.Consumers) == 0 {
 		fmt.Fprintln(w, "no rows")
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tROWS\tEXPIRED\tOLDEST PROCESSED\tNEXT EXPIRY")
-	for _, cs := range st.Consumers {
-		next := "-"
-		if cs.NextExpiry != nil {
-			next = fmt.Sprintf("%s (in %s)", cs.NextExpiry.Format(time.RFC3339), roughly(cs.NextExpiry.Sub(st.Now)))
+	} else {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CONSUMER\tROWS\tEXPIRED\tOLDEST PROCESSED\tNEXT EXPIRY")
+		for _, cs := range st.Consumers {
+			next := "-"
+			if cs.NextExpiry != nil {
+				next = fmt.Sprintf("%s (in %s)", cs.NextExpiry.Format(time.RFC3339), roughly(cs.NextExpiry.Sub(st.Now)))
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s (%s ago)\t%s\n", cs.Consumer, cs.Rows, cs.ExpiredRows,
+				cs.OldestProcessedAt.Format(time.RFC3339), roughly(st.Now.Sub(cs.OldestProcessedAt)), next)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s (%s ago)\t%s\n", cs.Consumer, cs.Rows, cs.ExpiredRows,
-			cs.OldestProcessedAt.Format(time.RFC3339), roughly(st.Now.Sub(cs.OldestProcessedAt)), next)
+		tw.Flush()
 	}
-	tw.Flush()
+	if len(st.Indexes) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "INDEX\tMETHOD\tSIZE")
+		for _, ix := range st.Indexes {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", ix.Name, ix.Method, bytes(ix.Bytes))
+		}
+		tw.Flush()
+	}
 	if st.ExpiredRows > 0 {
 		fmt.Fprintf(w, "\n%d expired rows wait for cleanup (RunCleaner, or `pgdedup cleanup`)\n", st.ExpiredRows)
 	}
+}
+
+// when formats t as RFC 3339 and how long before now, or "never".
+func when(t *time.Time, now time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	return fmt.Sprintf("%s (%s ago)", t.Format(time.RFC3339), roughly(now.Sub(*t)))
 }
 
 // roughly formats d to the second, or to the minute beyond an hour ("3h5m").

@@ -11,14 +11,22 @@ import (
 
 // statsJSON mirrors the documented --json output.
 type statsJSON struct {
-	Table       string    `json:"table"`
-	Now         time.Time `json:"now"`
-	Rows        int64     `json:"rows"`
-	ExpiredRows int64     `json:"expired_rows"`
-	TableBytes  int64     `json:"table_bytes"`
-	IndexBytes  int64     `json:"index_bytes"`
-	TotalBytes  int64     `json:"total_bytes"`
-	Consumers   []struct {
+	Table          string     `json:"table"`
+	Now            time.Time  `json:"now"`
+	Rows           int64      `json:"rows"`
+	ExpiredRows    int64      `json:"expired_rows"`
+	TableBytes     int64      `json:"table_bytes"`
+	IndexBytes     int64      `json:"index_bytes"`
+	TotalBytes     int64      `json:"total_bytes"`
+	DeadTuples     int64      `json:"dead_tuples"`
+	LastVacuum     *time.Time `json:"last_vacuum"`
+	LastAutovacuum *time.Time `json:"last_autovacuum"`
+	Indexes        []struct {
+		Name   string `json:"name"`
+		Method string `json:"method"`
+		Bytes  int64  `json:"bytes"`
+	} `json:"indexes"`
+	Consumers []struct {
 		Consumer          string     `json:"consumer"`
 		Rows              int64      `json:"rows"`
 		ExpiredRows       int64      `json:"expired_rows"`
@@ -65,8 +73,27 @@ WHERE consumer = 'billing' AND message_id = t.id`)
 	if emails.Consumer != "emails" || emails.Rows != 2 || emails.ExpiredRows != 2 || emails.NextExpiry != nil {
 		t.Errorf("emails: %+v", emails)
 	}
+	onCitus := pgtest.CitusColumn() != "" // no vacuum figures nor indexes there (see pgdedup.Store.Stats)
+	var indexBytes int64
+	for _, ix := range st.Indexes {
+		if ix.Name == "" || ix.Method == "" || ix.Bytes <= 0 {
+			t.Errorf("index %+v", ix)
+		}
+		indexBytes += ix.Bytes
+	}
+	if !onCitus && (len(st.Indexes) == 0 || indexBytes != st.IndexBytes || st.DeadTuples < 0 || st.LastVacuum != nil) {
+		t.Errorf("indexes %+v (%d bytes in all, IndexBytes %d), dead tuples %d, last vacuum %v",
+			st.Indexes, indexBytes, st.IndexBytes, st.DeadTuples, st.LastVacuum)
+	}
 
 	r = run(t, "stats", "--database-url", db.URL)
+	if !onCitus {
+		for _, want := range []string{" dead tuples; last vacuum never, last autovacuum ", "\nINDEX ", " btree "} {
+			if r.code != 0 || !strings.Contains(r.stdout, want) {
+				t.Errorf("stats: no %q in %s", want, r)
+			}
+		}
+	}
 	for _, want := range []string{
 		"processed_messages: 5 rows, 3 expired; ",
 		"CONSUMER  ROWS  EXPIRED  OLDEST PROCESSED",

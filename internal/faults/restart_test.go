@@ -117,8 +117,11 @@ func TestPostgresRestart(t *testing.T) {
 	if processErrs.Load() == 0 {
 		t.Errorf("Process returned no error during %d restarts", len(modes))
 	}
-	if acked.Load() != int64(n) {
-		t.Errorf("%d messages acked, want %d", acked.Load(), n)
+	// Every message was acked: the queue is empty. An ack whose COMMIT landed
+	// as the server went away reports an error although it took effect, so
+	// the acks the consumers saw succeed can fall short of n, never exceed it.
+	if left, err := q.Len(ctx); err != nil || left != 0 || acked.Load() > int64(n) {
+		t.Errorf("%d messages left unacked (%v); %d acks succeeded, want at most %d", left, err, acked.Load(), n)
 	}
 	waitFor(ctx, func() bool { return cleaner.LastSuccess().After(restartedAt) })
 	if !cleaner.LastSuccess().After(restartedAt) {

@@ -27,9 +27,9 @@ var now = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 // sources are pgdedup's migrations, whatever they are today.
 func sources(t *testing.T) []string {
 	t.Helper()
-	names, err := fs.Glob(pgdedup.Migrations, "*.sql")
+	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(names) < 2 {
-		t.Fatalf("pgdedup.Migrations: %v, %v", names, err)
+		t.Fatalf("pgdedup.Migrations(): %v, %v", names, err)
 	}
 	return names
 }
@@ -107,7 +107,7 @@ func TestPlanNumbersAfterTheDirectory(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		plan, err := gooseexport.NewPlan(pgdedup.Migrations, dir, c.after, now)
+		plan, err := gooseexport.NewPlan(pgdedup.Migrations(), dir, c.after, now)
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
 			continue
@@ -123,7 +123,7 @@ func TestPlanNumbersAfterTheDirectory(t *testing.T) {
 func TestPlanSkipsMigrationsAlreadyThere(t *testing.T) {
 	t.Parallel()
 	dir := hostDir(t, "20240101120000_users.sql")
-	first := export(t, pgdedup.Migrations, dir, 0)
+	first := export(t, pgdedup.Migrations(), dir, 0)
 	if len(first.Write) != len(sources(t)) {
 		t.Fatalf("first export wrote %q", names(first.Write))
 	}
@@ -134,19 +134,19 @@ func TestPlanSkipsMigrationsAlreadyThere(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	again, err := gooseexport.NewPlan(pgdedup.Migrations, dir, 0, now)
+	again, err := gooseexport.NewPlan(pgdedup.Migrations(), dir, 0, now)
 	if err != nil || len(again.Write) != 0 || len(again.Present) != len(sources(t)) {
 		t.Fatalf("second export: writes %q, present %d, %v", names(again.Write), len(again.Present), err)
 	}
 
 	verbatim := t.TempDir()
 	for _, s := range sources(t)[:1] {
-		body, _ := fs.ReadFile(pgdedup.Migrations, s)
+		body, _ := fs.ReadFile(pgdedup.Migrations(), s)
 		if err := os.WriteFile(filepath.Join(verbatim, s), body, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	plan, err := gooseexport.NewPlan(pgdedup.Migrations, verbatim, 0, now)
+	plan, err := gooseexport.NewPlan(pgdedup.Migrations(), verbatim, 0, now)
 	if err != nil || len(plan.Present) != 1 || plan.Present[0].Name != sources(t)[0] || len(plan.Write) != len(sources(t))-1 {
 		t.Fatalf("directory with a verbatim copy: %+v, %v", plan, err)
 	}
@@ -156,7 +156,7 @@ func TestPlanRefusals(t *testing.T) {
 	t.Parallel()
 	src := sources(t)
 	clash := hostDir(t, "00001_users.sql")
-	body, _ := fs.ReadFile(pgdedup.Migrations, src[0])
+	body, _ := fs.ReadFile(pgdedup.Migrations(), src[0])
 	if err := os.WriteFile(filepath.Join(clash, src[0]), body, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestPlanRefusals(t *testing.T) {
 		"negative after":                     {t.TempDir(), -1, "negative"},
 		"no directory":                       {filepath.Join(t.TempDir(), "nope"), 0, "no such file or directory"},
 	} {
-		if _, err := gooseexport.NewPlan(pgdedup.Migrations, c.dir, c.after, now); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := gooseexport.NewPlan(pgdedup.Migrations(), c.dir, c.after, now); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
 		}
 	}
@@ -236,7 +236,7 @@ func TestGooseCLISequentialHost(t *testing.T) {
 
 	copied := t.TempDir()
 	for _, n := range append(sources(t), "00001_users.sql") {
-		from := pgdedup.Migrations
+		from := pgdedup.Migrations()
 		if n == "00001_users.sql" {
 			from = os.DirFS(dir)
 		}
@@ -249,7 +249,7 @@ func TestGooseCLISequentialHost(t *testing.T) {
 		t.Fatalf("goose up with the files copied as they are: exit %d:\n%s", code, out)
 	}
 
-	plan := export(t, pgdedup.Migrations, dir, 0)
+	plan := export(t, pgdedup.Migrations(), dir, 0)
 	if first := plan.Write[0].Name; !strings.HasPrefix(first, "00002_pgdedup_00001_") {
 		t.Fatalf("first export file %s, want 00002_pgdedup_00001_…", first)
 	}
@@ -293,7 +293,7 @@ func TestGooseCLITimestampHostWithAppliedMigrations(t *testing.T) {
 
 	copied := hostDir(t, "20240101120000_users.sql", "20240301090000_orders.sql")
 	for _, s := range sources(t) {
-		body, _ := fs.ReadFile(pgdedup.Migrations, s)
+		body, _ := fs.ReadFile(pgdedup.Migrations(), s)
 		if err := os.WriteFile(filepath.Join(copied, s), body, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -302,7 +302,7 @@ func TestGooseCLITimestampHostWithAppliedMigrations(t *testing.T) {
 		t.Fatalf("goose up with the files copied as they are: exit %d:\n%s", code, out)
 	}
 
-	plan := export(t, pgdedup.Migrations, dir, 0)
+	plan := export(t, pgdedup.Migrations(), dir, 0)
 	stamp := regexp.MustCompile(`^20[0-9]{12}_pgdedup_`)
 	for _, f := range plan.Write {
 		if !stamp.MatchString(f.Name) {
@@ -318,7 +318,7 @@ func TestGooseCLITimestampHostWithAppliedMigrations(t *testing.T) {
 	if out, code := goose.Run(dir, "fix"); code != 0 {
 		t.Fatalf("goose fix: exit %d:\n%s", code, out)
 	}
-	again, err := gooseexport.NewPlan(pgdedup.Migrations, dir, 0, now)
+	again, err := gooseexport.NewPlan(pgdedup.Migrations(), dir, 0, now)
 	if err != nil || len(again.Write) != 0 {
 		t.Fatalf("export after goose fix: %+v, %v", again, err)
 	}
@@ -338,7 +338,7 @@ func TestGooseCLIUpgradeAddsOnlyNewMigrations(t *testing.T) {
 
 	older, newer := fstest.MapFS{}, fstest.MapFS{}
 	for i, s := range sources(t) {
-		body, _ := fs.ReadFile(pgdedup.Migrations, s)
+		body, _ := fs.ReadFile(pgdedup.Migrations(), s)
 		if i == 0 {
 			older[s] = &fstest.MapFile{Data: body}
 		}

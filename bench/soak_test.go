@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A soak squeezed into 20 seconds, on a throwaway cluster: messages at the
+// fixed rate, every redelivery skipped, the table bounded by rate × Retention
+// and the cleaner and autovacuum at work. The size and latency checks need
+// minutes (they run in CI with `go run -C bench . -only soak`); here they only
+// have to be there.
+func TestSoakTiny(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := parseFlags([]string{"-only", "soak", "-soak-duration", "20s", "-soak-rate", "100",
+		"-soak-retention", "5s", "-soak-clean-every", "1s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.soak.sampleEvery = time.Second
+	r, err := runSoak(ctx, cfg.soak, newProgress(io.Discard, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := r.markdown("", "")
+	for _, key := range []string{"rate", "errors", "dups", "rows"} {
+		if c := r.check(key); !c.ok {
+			t.Errorf("%s: %s", key, c.what)
+		}
+	}
+	for _, key := range []string{"dead", "size", "p99"} {
+		if c := r.check(key); c.what == "not checked" {
+			t.Errorf("no %s check", key)
+		}
+	}
+	if r.dupsSent < 100 || r.cleanups < 5 {
+		t.Errorf("%d redeliveries sent and %d cleanup runs; want at least 100 and 5", r.dupsSent, r.cleanups)
+	}
+	if last := r.samples[len(r.samples)-1]; last.deleted == 0 || last.autovacuums == 0 {
+		t.Errorf("at the end: %d rows deleted by the cleaner, %d autovacuums; want both above 0", last.deleted, last.autovacuums)
+	}
+	if !strings.Contains(md, "| t | rows | dead tuples |") || len(r.samples) < 15 {
+		t.Errorf("%d samples; report:\n%s", len(r.samples), md)
+	}
+}
+
+// Bad soak flags are refused before anything starts.
+func TestSoakFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-soak-duration", "5s"},
+		{"-soak-rate", "0"},
+		{"-soak-retention", "2m"},
+		{"-soak-clean-every", "0s"},
+		{"-soak-dups", "2"},
+		{"-soak-workers", "0"},
+	} {
+		if _, err := parseFlags(append([]string{"-only", "soak"}, args...), io.Discard); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
