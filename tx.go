@@ -56,7 +56,7 @@ RETURNING message_id`,
 	return st
 }
 
-// Claim records messageID for the Store's consumer inside tx, the caller's
+// Claim records messageID for the [Store]'s consumer inside tx, the caller's
 // transaction, and reports whether it is new. If tx commits, the ID is
 // recorded; if tx rolls back, so does the claim. Run the business write in tx
 // only when claimed is true.
@@ -64,7 +64,7 @@ RETURNING message_id`,
 // A duplicate returns (false, nil) and leaves tx usable: the insert uses
 // ON CONFLICT DO NOTHING, so no unique violation aborts it. If another
 // transaction holds the same ID, Claim waits for it to end (or, with
-// Config.LockTimeout, returns ErrInFlight, after which tx is aborted and must be
+// [Config.LockTimeout], returns [ErrInFlight], after which tx is aborted and must be
 // rolled back). Claim costs one round trip and does not retry: retrying is the
 // business of whoever owns tx.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed bool, err error) {
@@ -85,13 +85,13 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 
 // ClaimBatch records messageIDs inside tx, the caller's transaction, and returns
 // the ones that are new, in the order they first appear in messageIDs (an ID
-// repeated in the batch counts once). Like Claim, it leaves tx usable when some
+// repeated in the batch counts once). Like [Store.Claim], it leaves tx usable when some
 // IDs are duplicates, and the claims commit or roll back with tx.
 //
 // Whatever the batch size it is one statement and one round trip. The IDs are
 // inserted in the order of their keys (see [Key]), the primary key's order, so
-// overlapping batches cannot deadlock. If any ID is
-// invalid, the whole batch is rejected with ErrInvalidMessageID, naming its
+// overlapping batches cannot deadlock. If any ID is invalid, the whole batch
+// is rejected with [ErrInvalidMessageID], naming its
 // index, before anything is sent.
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
 	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)

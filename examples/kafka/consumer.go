@@ -18,18 +18,19 @@ import (
 // consumerConfig is what one consumer process needs; main fills it from flags
 // and environment variables.
 type consumerConfig struct {
-	Brokers        []string
-	DatabaseURL    string
-	Topic          string
-	Group          string
-	Name           string        // this process, recorded in charges.charged_by and as the Kafka client ID
-	MaxPollRecords int           // records taken per poll, over all partitions
-	LockTimeout    time.Duration // pgdedup.Config.LockTimeout: give up on a partition another transaction holds
-	HandlerDelay   time.Duration // simulated work per batch inside the transaction, after the charges
-	SessionTimeout time.Duration // Kafka group session timeout: how soon a dead consumer's partitions move
-	Rewind         bool          // ignore the database's offsets and read every assigned partition from the start
-	Log            *slog.Logger
-	ClientOpts     []kgo.Opt // extra franz-go options (TLS, SASL) for a real cluster
+	Brokers          []string
+	DatabaseURL      string
+	Topic            string
+	Group            string
+	Name             string        // this process, recorded in charges.charged_by and as the Kafka client ID
+	MaxPollRecords   int           // records taken per poll, over all partitions
+	LockTimeout      time.Duration // pgdedup.Config.LockTimeout: give up on a partition another transaction holds
+	HandlerDelay     time.Duration // simulated work per batch inside the transaction, after the charges
+	SessionTimeout   time.Duration // Kafka group session timeout: how soon a dead consumer's partitions move
+	RebalanceTimeout time.Duration // how long a rebalance waits for members to rejoin
+	Rewind           bool          // ignore the database's offsets and read every assigned partition from the start
+	Log              *slog.Logger
+	ClientOpts       []kgo.Opt // extra franz-go options (TLS, SASL) for a real cluster
 }
 
 // consumer charges orders from a Kafka topic, each once: every batch of a
@@ -91,6 +92,7 @@ func consume(ctx context.Context, cfg consumerConfig) error {
 		kgo.OnPartitionsLost(c.revoked("lost")),
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.HeartbeatInterval(cfg.SessionTimeout / 5),
+		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
 	}, cfg.ClientOpts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

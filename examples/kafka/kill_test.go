@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,7 +63,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 
 	start := time.Now()
 	args := []string{"-brokers", strings.Join(brokers, ","), "-topic", topic, "-group", "billing",
-		"-max-poll-records", "12", "-handler-delay", "15ms", "-lock-timeout", "300ms", "-session-timeout", session.String()}
+		"-max-poll-records", "12", "-handler-delay", "15ms", "-lock-timeout", "300ms", "-session-timeout", session.String(), "-rebalance-timeout", "5s"}
 	var all, live []*proc
 	startOne := func(extra ...string) *proc {
 		name := fmt.Sprintf("c%02d", len(all)+1)
@@ -151,11 +152,17 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	if paused != nil {
 		<-paused
 	}
-	for _, p := range live { // SIGTERM: finish the batch, leave the group, exit cleanly
-		if err := p.stop(15 * time.Second); err != nil {
-			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.name, err, p.log.lastLines())
-		}
+	// SIGTERM all at once, as a deployment does: each finishes its batch,
+	// leaves the group and exits cleanly.
+	var stopping sync.WaitGroup
+	for _, p := range live {
+		stopping.Go(func() {
+			if err := p.stop(30 * time.Second); err != nil {
+				t.Errorf("consumer %s after SIGTERM: %v\n%s", p.name, err, p.log.lastLines())
+			}
+		})
 	}
+	stopping.Wait()
 	elapsed := time.Since(start)
 
 	checkCharges(t, db, want)
@@ -189,9 +196,10 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		t.Errorf("no record was skipped by the offset check: the rewinding consumer tested nothing")
 	case rolledBack == 0:
 		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
-	case total.rejected < 3:
-		t.Errorf("%d records rejected, want at least the 3 unparseable ones", total.rejected)
 	}
+	// The unparseable records were committed (records_seen counts them above)
+	// and charged nothing (checkCharges finds no unknown order); the logs may
+	// miss a rejection whose process was killed before it wrote the line.
 }
 
 // victim returns the index in live of a consumer, other than the ones in

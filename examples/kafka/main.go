@@ -6,6 +6,7 @@
 //
 //	kafka consume   charge orders from the topic until SIGTERM
 //	kafka produce   send demo orders, some of them twice
+//	kafka compare   offsets in the transaction vs one row per record: rows, WAL, throughput
 //
 // Settings come from flags, or else from DATABASE_URL, KAFKA_BROKERS, TOPIC
 // and GROUP. See README.md.
@@ -28,6 +29,7 @@ const usage = `usage: kafka <command> [flags]
 commands:
   consume   charge orders from the topic until SIGTERM or Ctrl-C
   produce   send demo orders to the topic, a share of them twice
+  compare   measure offsets-in-tx against one processed_messages row per record
 
 Run "kafka <command> -h" for the command's flags.
 `
@@ -56,6 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmd = runConsume
 	case "produce":
 		cmd = runProduce
+	case "compare":
+		cmd = runCompare
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
