@@ -17,6 +17,12 @@
 //		// ... tx.Exec(r.Context(), "INSERT INTO charges ...") ...
 //	})))
 //
+// The header is read as draft-ietf-httpapi-idempotency-key-header defines it,
+// an RFC 8941 String (Idempotency-Key: "8e03978e-…"); the bare form
+// (Idempotency-Key: 8e03978e-…) is the same key. Malformed keys get 400, and
+// every error about the key's use links to the page [Middleware.Docs] serves
+// (Config.DocsURL).
+//
 // Keys live in processed_messages (migration 00002 adds the response columns:
 // run pgdedup.Migrate), expire after the Store's Retention and are deleted by
 // the same pgdedup Cleanup as message IDs.
