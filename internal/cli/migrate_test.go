@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -100,17 +101,16 @@ func TestMigrateSQL(t *testing.T) {
 	if strings.Contains(up.stdout, "DROP TABLE") || !strings.Contains(down.stdout, "DROP TABLE") {
 		t.Fatalf("up and down mixed:\n%s\n---\n%s", up.stdout, down.stdout)
 	}
-	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, up.stdout); err != nil {
-		t.Fatalf("running migrate sql: %v\n%s", err, up.stdout)
+	if out, err := psql(t, db, up.stdout); err != nil {
+		t.Fatalf("migrate sql | psql: %v\n%s\n%s", err, out, up.stdout)
 	}
 	usable(t, db.Pool)
 	r := run(t, "migrate", "up", "--database-url", db.URL)
 	if r.code != 1 || !strings.Contains(r.stderr, "another tool applies pgdedup's migrations here") {
 		t.Errorf("migrate up over a table made by migrate sql: %s", r)
 	}
-	if _, err := db.Pool.Exec(ctx, down.stdout); err != nil {
-		t.Fatalf("running migrate sql --down: %v\n%s", err, down.stdout)
+	if out, err := psql(t, db, down.stdout); err != nil {
+		t.Fatalf("migrate sql --down | psql: %v\n%s\n%s", err, out, down.stdout)
 	}
 	if exists(t, db.Pool, "processed_messages") {
 		t.Error("processed_messages still exists after the down SQL")
@@ -164,6 +164,33 @@ func TestMigrateSQLGooseDir(t *testing.T) {
 	if r := run(t, "migrate", "sql", "--goose-dir", filepath.Join(dir, "nope")); r.code != 1 || !strings.Contains(r.stderr, "no such file") {
 		t.Errorf("missing directory: %s", r)
 	}
+}
+
+// psql runs script with psql on db's schema, as `pgdedup migrate sql | psql`
+// would: statement by statement, so that a NO TRANSACTION migration's
+// statements (CREATE INDEX CONCURRENTLY) run outside a transaction block.
+func psql(t *testing.T, db *pgtest.DB, script string) (string, error) {
+	t.Helper()
+	path, err := exec.LookPath("psql")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("psql is not installed")
+		}
+		t.Skip("psql is not installed")
+	}
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(path, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-")
+	cmd.Env = append(os.Environ(), "PGHOST="+cfg.Host, fmt.Sprint("PGPORT=", cfg.Port), "PGUSER="+cfg.User,
+		"PGDATABASE="+cfg.Database, "PGPASSWORD="+cfg.Password, "PGOPTIONS=")
+	if sp := cfg.RuntimeParams["search_path"]; sp != "" { // behind PgBouncer the role's default is the schema
+		cmd.Env = append(cmd.Env, "PGOPTIONS=-c search_path="+sp)
+	}
+	cmd.Stdin = strings.NewReader(script)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 func TestMigrateUsage(t *testing.T) {
