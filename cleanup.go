@@ -157,14 +157,14 @@ func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration,
 	s.emit(ctx, Event{Kind: EventCleanup, Count: deleted, Duration: d, Err: err})
 }
 
-// RunCleaner runs Cleanup about every interval until ctx is done, then returns
+// RunCleaner runs [Store.Cleanup] about every interval until ctx is done, then returns
 // ctx.Err(); it blocks, so start it in a goroutine of its own and cancel ctx to
 // stop it. It starts no goroutine itself.
 //
 // The first run comes after a random delay of up to one interval, and each wait
 // after a run is interval ±10%, so a fleet of services started together does
-// not clean in step. A failed run is logged (Config.Logger) and reported
-// (Config.OnEvent) and the next one comes at the next tick: a database outage
+// not clean in step. A failed run is logged ([Config.Logger]) and reported
+// ([Config.OnEvent]) and the next one comes at the next tick: a database outage
 // does not end the loop. Run it in every instance, or in one: concurrent
 // cleaners are safe and skip each other's rows.
 //

@@ -83,14 +83,19 @@ func (s *Store) cleanupWindow(ctx context.Context, from, to time.Time, batch int
 	t := s.sql.table
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(`SELECT pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + t + `'::regclass::oid::int4)`)
+	// One connection per worker (the workers in parallel, each worker's shards
+	// one after another): the coordinator keeps one connection per worker open
+	// between transactions and would otherwise open more for each batch, which
+	// costs more than the shards' work.
+	b.Queue(`SELECT pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + t + `'::regclass::oid::int4),
+set_config('citus.max_adaptive_executor_pool_size', '1', true)`)
 	b.Queue(`SELECT count(*) FROM `+t+` WHERE expires_at >= $1 AND expires_at < $2 AND expires_at < now()`, from, to)
 	br := s.db.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
 	_, err = br.Exec()
 	if err == nil {
-		err = br.QueryRow().Scan(&turn)
+		err = br.QueryRow().Scan(&turn, nil)
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(&counted)

@@ -4,7 +4,7 @@
 // A message's ID is inserted into processed_messages, unique on
 // (consumer, message_id), in the same transaction as the business write. A
 // duplicate finds the row and is skipped; a crash before COMMIT records nothing,
-// so the redelivered message is processed again; Cleanup deletes rows once the
+// so the redelivered message is processed again; [Store.Cleanup] deletes rows once the
 // redelivery window has passed.
 //
 //	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})

@@ -5,12 +5,12 @@ import (
 	"time"
 )
 
-// EventKind says what an Event reports.
+// EventKind says what an [Event] reports.
 type EventKind int
 
 // The outcomes reported to Config.OnEvent.
 const (
-	// EventProcessed: fn committed for Count new message IDs (1 for Process).
+	// EventProcessed: fn committed for Count new message IDs (1 for [Store.Process]).
 	EventProcessed EventKind = iota + 1
 	// EventDuplicate: Count IDs were already recorded and skipped.
 	EventDuplicate
@@ -34,7 +34,7 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event is one outcome reported to Config.OnEvent.
+// Event is one outcome reported to [Config.OnEvent].
 type Event struct {
 	Kind      EventKind
 	Consumer  string

@@ -66,17 +66,7 @@ func charge(orderID string) func(context.Context, pgx.Tx) error {
 // chargesPerOrder returns how many charges each order has.
 func chargesPerOrder(t *testing.T, pool *pgxpool.Pool) map[string]int {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT order_id, count(*) FROM charges GROUP BY order_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	var id string
-	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return pgtest.CountBy(t, pool, `SELECT order_id, count(*) FROM charges GROUP BY order_id`)
 }
 
 // recorded reports whether id is in processed_messages for consumer.
@@ -164,4 +154,17 @@ func countedStore(t *testing.T, b *bundle) (store *pgdedup.Store, pool *pgxpool.
 		}
 		return proxy.RoundTrips() - before
 	}
+}
+
+// rolePool returns a pool logged in as a new role, and its name, that may
+// write charges and has on pgdedup's tables only what grants give it: each is
+// a GRANT statement whose grantee is %s.
+func rolePool(t *testing.T, b *bundle, grants ...string) (*pgxpool.Pool, string) {
+	t.Helper()
+	role, url := b.db.NewRole(t)
+	grants = append(grants, `GRANT SELECT, INSERT ON charges TO %s`, `GRANT USAGE ON SEQUENCE charges_id_seq TO %s`)
+	for _, g := range grants {
+		mustExec(t, b.pool, fmt.Sprintf(g, role))
+	}
+	return pgtest.Pool(t, url, 4), role
 }

@@ -31,7 +31,7 @@ func Migrations() fs.FS { return migrations }
 // migrations is what Migrate applies: the embedded files, at the root.
 var migrations = mustSub(migrationsFS, "migrations")
 
-// VersionTable is the goose version table Migrate uses. It is pgdedup's own,
+// VersionTable is the goose version table [Migrate] uses. It is pgdedup's own,
 // so the host service's goose_db_version is never touched.
 const VersionTable = "pgdedup_db_version"
 
@@ -47,7 +47,7 @@ const (
 // when processed_messages exists but [VersionTable] does not record it: the
 // table was made by another migration tool, typically the host's own goose
 // applying the files of `pgdedup migrate sql --goose-dir`, or by hand. One tool
-// must own the table's migrations; Migrate changes nothing in this case.
+// must own the table's migrations; [Migrate] changes nothing in this case.
 var ErrMigratedByAnotherTool = errors.New("pgdedup: processed_messages was created by another migration tool")
 
 // Migrate applies pgdedup's migrations that db has not seen yet, creating
@@ -103,7 +103,7 @@ func migratedElsewhere() error {
 // [Migrate]: Down, DownTo, UpTo, Status, GetDBVersion.
 //
 // It returns goose's own type on purpose. goose v3's Provider is the engine
-// Migrate runs and a stable API of its own; wrapping each of its operations
+// [Migrate] runs and a stable API of its own; wrapping each of its operations
 // would add API to pgdedup without adding anything, and the pgdedup CLI's
 // migrate down and status are built on it. The price: pgdedup's API moves with
 // goose's major version.

@@ -9,12 +9,12 @@ import (
 )
 
 // Partition is one partition of a topic in a partitioned log such as Kafka, as
-// a consumer holds it. pgdedup keeps one row per (Config.Consumer, Topic,
-// Partition) in Config.OffsetTable, holding the highest offset whose effects
+// a consumer holds it. pgdedup keeps one row per ([Config.Consumer], Topic,
+// Partition) in [Config.OffsetTable], holding the highest offset whose effects
 // committed: see [Store.ProcessOffsets].
 type Partition struct {
 	// Topic is the topic's name: non-empty, valid UTF-8, without NUL, at most
-	// MaxMessageIDLen bytes.
+	// [MaxMessageIDLen] bytes.
 	Topic string
 
 	// Partition is the partition's number, from 0.
@@ -38,7 +38,7 @@ var (
 	// increasing. Nothing is sent to the database.
 	ErrInvalidOffset = errors.New("pgdedup: invalid offset")
 
-	// ErrFenced is returned when a claim's Partition.Generation is older than
+	// ErrFenced is returned when a claim's [Partition.Generation] is older than
 	// the one stored for the partition: another consumer was assigned the
 	// partition in a later generation and has committed since. Nothing was
 	// claimed; roll back, stop processing the partition and wait for the next
@@ -96,7 +96,7 @@ func defaultOffsetTable(table pgx.Identifier) string {
 //
 // The claim locks p's row until tx ends: another transaction claiming p waits
 // for it, then skips (tx committed a higher offset) or proceeds (tx rolled
-// back); with Config.LockTimeout it gives up with [ErrInFlight] instead. A
+// back); with [Config.LockTimeout] it gives up with [ErrInFlight] instead. A
 // claim with an older p.Generation than the stored one returns [ErrFenced].
 // ClaimOffset costs one round trip and does not retry. Claim the partitions of
 // one transaction in a consistent order, or two transactions can deadlock.

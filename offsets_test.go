@@ -505,16 +505,8 @@ func TestOffsetsLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	role, url := b.db.NewRole(t)
-	mustExec(t, b.pool, `GRANT USAGE ON SCHEMA `+b.db.Schema+` TO `+role)
-	mustExec(t, b.pool, `GRANT SELECT, INSERT, UPDATE ON processed_offsets TO `+role)
-	mustExec(t, b.pool, `GRANT SELECT, INSERT ON charges TO `+role)
-	mustExec(t, b.pool, `GRANT USAGE ON SEQUENCE charges_id_seq TO `+role)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, _ := rolePool(t, b, `GRANT USAGE ON SCHEMA `+b.db.Schema+` TO %s`,
+		`GRANT SELECT, INSERT, UPDATE ON processed_offsets TO %s`)
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", LockTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Process runs fn exactly once per messageID for the Store's consumer, in one
+// Process runs fn exactly once per messageID for the [Store]'s consumer, in one
 // transaction with the claim of the ID, and reports whether it ran.
 //
 // BEGIN and the claim go to Postgres in one round trip. If the ID is new, fn
@@ -23,7 +23,7 @@ import (
 // tx: fn may run again after a rolled-back attempt.
 //
 // Transient failures (serialization failure, deadlock, lost connection,
-// including during COMMIT) are retried up to Config.MaxAttempts, with jittered
+// including during COMMIT) are retried up to [Config.MaxAttempts], with jittered
 // backoff. After a connection lost during COMMIT the outcome is unknown; the
 // retry finds the ID if that commit landed and then reports a duplicate, so
 // processed may be false for a message whose effects this call committed.
@@ -48,7 +48,7 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 	if err != nil {
 		return false, err
 	}
-	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { queueAround(b, a, s.sql.claim, s.cfg.Consumer, id) })
+	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { queueAround(b, a, s.sql.claim, s.cfg.Consumer, id, Key(s.cfg.Consumer, id)) })
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
 
 	claimed, err := s.readClaim(br, id, true, a)
@@ -70,18 +70,18 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 	return true, nil
 }
 
-// ProcessBatch is Process for many messages at once: one transaction claims all
+// ProcessBatch is [Store.Process] for many messages at once: one transaction claims all
 // of messageIDs (one statement, whatever the count) and runs fn once with the
 // IDs that are new, in the order they first appear in messageIDs. When none is
 // new, fn is not called and fresh is empty. fn must handle exactly the fresh
 // messages: their IDs are recorded when the transaction commits.
 //
 // Errors, panics and retries behave as in Process. If any ID is invalid, the
-// whole batch is rejected with ErrInvalidMessageID, naming its index, before
+// whole batch is rejected with [ErrInvalidMessageID], naming its index, before
 // anything is sent.
 func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(ctx context.Context, tx pgx.Tx, fresh []string) error) (fresh []string, err error) {
-	sorted, err := prepareBatch(messageIDs)
-	if err != nil || len(sorted) == 0 {
+	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
+	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
 	}
 	if fn == nil {
@@ -95,7 +95,7 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 	return fresh, err
 }
 
-func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
+func (s *Store) processBatchOnce(ctx context.Context, ids []string, sorted sortedBatch, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
 	start := time.Now()
 	l, err := s.layout(ctx, pgxQueryRow(s.db))
 	if err != nil {
@@ -107,10 +107,10 @@ func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn f
 
 	fresh, err := s.readClaimBatch(br, ids, true, q)
 	if err != nil {
-		s.inFlight(ctx, err, "", len(sorted))
+		s.inFlight(ctx, err, "", len(sorted.ids))
 		return nil, err
 	}
-	if dups := len(sorted) - len(fresh); dups > 0 {
+	if dups := len(sorted.ids) - len(fresh); dups > 0 {
 		s.duplicate(ctx, "", dups)
 	}
 	if len(fresh) == 0 {

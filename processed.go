@@ -16,7 +16,7 @@ import (
 
 // DB is what a [Store] calls on Postgres, and nothing more. A
 // *pgxpool.Pool satisfies it and is what services should pass; a *pgx.Conn
-// does too, but then the Store must not be used from several goroutines at
+// does too, but then the [Store] must not be used from several goroutines at
 // once, like the Conn itself.
 type DB interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -24,7 +24,7 @@ type DB interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Config configures a Store. Only Consumer is required.
+// Config configures a [Store]. Only Consumer is required.
 type Config struct {
 	// Consumer scopes message IDs: the same ID under two consumers is processed
 	// once by each. Use one name per logical handler ("billing", "emails").
@@ -38,7 +38,7 @@ type Config struct {
 	Table string
 
 	// Retention is how long an ID is remembered: expires_at = now() + Retention
-	// at claim time, and Cleanup deletes the row after that. It must exceed the
+	// at claim time, and [Store.Cleanup] deletes the row after that. It must exceed the
 	// longest time the broker can redeliver a message (take at least twice that).
 	// Defaults to 48h.
 	Retention time.Duration
@@ -47,17 +47,17 @@ type Config struct {
 	// holds the same ID (a duplicate delivered while the first is in flight).
 	// Zero waits until the first finishes, then skips (it committed) or proceeds
 	// (it rolled back). Above zero, the wait gives up after LockTimeout (rounded
-	// up to a millisecond) with ErrInFlight: nack or requeue the message.
+	// up to a millisecond) with [ErrInFlight]: nack or requeue the message.
 	// Defaults to 0.
 	LockTimeout time.Duration
 
-	// MaxAttempts is how many times Process and ProcessBatch try a message when
+	// MaxAttempts is how many times [Store.Process] and [Store.ProcessBatch] try a message when
 	// an attempt fails transiently (serialization failure 40001, deadlock 40P01,
 	// a lost connection, including during COMMIT). Defaults to 3; 1 disables
 	// retries.
 	MaxAttempts int
 
-	// TxOptions are the options of the transactions Process and ProcessBatch
+	// TxOptions are the options of the transactions [Store.Process] and [Store.ProcessBatch]
 	// begin. Defaults to the zero value: read committed, read write.
 	TxOptions pgx.TxOptions
 
@@ -68,11 +68,11 @@ type Config struct {
 
 	// OnEvent, when set, is called synchronously after each outcome, for metrics:
 	// messages processed, duplicates skipped, retries, in-flight give-ups and
-	// cleanup runs (see EventKind). It must be fast and safe for concurrent use.
+	// cleanup runs (see [EventKind]). It must be fast and safe for concurrent use.
 	// Defaults to nil.
 	OnEvent func(ctx context.Context, e Event)
 
-	// CleanupBatchSize is how many expired rows one Cleanup transaction deletes
+	// CleanupBatchSize is how many expired rows one [Store.Cleanup] transaction deletes
 	// at most. Defaults to 10,000.
 	CleanupBatchSize int
 
@@ -84,7 +84,7 @@ type Config struct {
 }
 
 // Store records processed message IDs for one consumer. It is safe for
-// concurrent use when its DB is (a *pgxpool.Pool is).
+// concurrent use when its [DB] is (a *pgxpool.Pool is).
 type Store struct {
 	db  DB
 	cfg Config
@@ -104,11 +104,11 @@ const (
 
 var (
 	// ErrInvalidMessageID is returned, wrapped with the reason, for an ID that is
-	// empty, not valid UTF-8, contains a NUL byte or is longer than MaxMessageIDLen
+	// empty, not valid UTF-8, contains a NUL byte or is longer than [MaxMessageIDLen]
 	// bytes. Nothing is sent to the database.
 	ErrInvalidMessageID = errors.New("pgdedup: invalid message ID")
 
-	// ErrInFlight is returned when Config.LockTimeout is set and another
+	// ErrInFlight is returned when [Config.LockTimeout] is set and another
 	// transaction still holds the same message ID after that long. The message
 	// was not processed by this call: nack or requeue it so it is retried.
 	ErrInFlight = errors.New("pgdedup: message is being processed by another transaction")
@@ -118,7 +118,7 @@ var (
 
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
 
-// New returns a Store that records IDs for cfg.Consumer in db. It checks cfg
+// New returns a [Store] that records IDs for cfg.Consumer in db. It checks cfg
 // as [Config.Validate] does and fills in the defaults; it does not touch the
 // database (run [Migrate] first).
 func New(db DB, cfg Config) (*Store, error) {
@@ -207,7 +207,7 @@ func parseTable(field, name string) (pgx.Identifier, error) {
 	return pgx.Identifier(parts), nil
 }
 
-// Consumer returns the consumer name the Store records IDs under.
+// Consumer returns the consumer name the [Store] records IDs under.
 func (s *Store) Consumer() string { return s.cfg.Consumer }
 
 // Table returns the quoted, possibly schema-qualified name of the dedup table.

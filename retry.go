@@ -44,7 +44,7 @@ func backoff(n int) time.Duration {
 // IsTransient reports whether err is a failure that trying again can cure:
 // a serialization failure (40001), a deadlock (40P01), a lost or refused
 // connection, or a server shutting down or starting up. It classifies by
-// SQLSTATE and error type, never by message text. Process retries these itself;
+// SQLSTATE and error type, never by message text. [Store.Process] retries these itself;
 // IsTransient is exported for consumers deciding whether to requeue.
 func IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

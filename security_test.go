@@ -3,7 +3,6 @@ package pgdedup_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
@@ -31,18 +29,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	role, url := b.db.NewRole(t)
-	for _, g := range runtimeGrants {
-		mustExec(t, b.pool, fmt.Sprintf(g, role))
-	}
-	mustExec(t, b.pool, `GRANT SELECT, INSERT ON charges TO `+role)
-	mustExec(t, b.pool, `GRANT USAGE ON SEQUENCE charges_id_seq TO `+role)
-
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, role := rolePool(t, b, runtimeGrants...)
 	var user string
 	var super bool
 	if err := pool.QueryRow(ctx, `SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &super); err != nil {
@@ -133,14 +120,7 @@ func TestConsumerRoleWithoutDeleteCannotForget(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	role, url := b.db.NewRole(t)
-	mustExec(t, b.pool, `GRANT SELECT, INSERT ON processed_messages, charges TO `+role)
-	mustExec(t, b.pool, `GRANT USAGE ON SEQUENCE charges_id_seq TO `+role)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, _ := rolePool(t, b, `GRANT SELECT, INSERT ON processed_messages TO %s`)
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Retention: time.Microsecond})
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 )
 
 // Stats is what the dedup table holds, as read by [Store.Stats]: rows per
-// consumer, how many have expired (the next Cleanup deletes them), and the
+// consumer, how many have expired (the next [Store.Cleanup] deletes them), and the
 // table's size on disk. Its JSON form is the output of `pgdedup stats --json`.
 type Stats struct {
 	// Now is the database's clock when the rows were counted; expiry is
@@ -60,7 +60,7 @@ type ConsumerStats struct {
 
 // Stats reads the dedup table's rows per consumer, expired rows, size, dead
 // tuples, last vacuums and index sizes. Like [Store.Cleanup] it covers every
-// consumer in the table, not only the Store's. It counts the whole table (one
+// consumer in the table, not only the [Store]'s. It counts the whole table (one
 // sequential scan): on tens of millions of rows expect seconds, so read it
 // every minute or so, not per message. Times are in UTC. It needs only SELECT
 // on the table.

@@ -30,6 +30,8 @@ import (
 // config is the command line.
 type config struct {
 	databaseURL     string
+	citusURL        string
+	citusShards     int
 	redisAddr       string
 	workers         []int
 	rounds          int
@@ -52,8 +54,8 @@ type config struct {
 var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
 
 // optionalParts run only when -only names them: the soak takes minutes and
-// starts a cluster of its own.
-var optionalParts = []string{"soak"}
+// starts a cluster of its own; citus needs a Citus cluster (-citus-url).
+var optionalParts = []string{"soak", "citus"}
 
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
@@ -63,6 +65,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@localhost:5432/postgres?sslmode=disable"),
 		"Postgres to measure (default $DATABASE_URL, else the docker-compose database)")
+	fs.StringVar(&c.citusURL, "citus-url", cmp.Or(os.Getenv("CITUS_URL"), "postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable"),
+		"Citus coordinator for -only citus (default $CITUS_URL, else the test cluster of .ci/citus.sh)")
+	fs.IntVar(&c.citusShards, "citus-shards", 0, "shards per table for -only citus (0: the cluster's citus.shard_count, 32 by default)")
 	fs.StringVar(&c.redisAddr, "redis", cmp.Or(os.Getenv("REDIS_ADDR"), "127.0.0.1:6379"), "Redis address for the SET NX recipe (default $REDIS_ADDR)")
 	workers := fs.String("workers", "1,8", "comma-separated worker counts (concurrent messages)")
 	fs.IntVar(&c.rounds, "rounds", 20, "interleaved rounds; results are medians over rounds")

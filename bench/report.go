@@ -20,6 +20,7 @@ type report struct {
 	tables    []*msgTable
 	batches   map[int]map[batchCase]series
 	cleanup   *cleanupResult
+	citus     *citusResult
 }
 
 func (r *report) markdown() string {
@@ -89,6 +90,9 @@ func (r *report) markdown() string {
 		p("| %s | %s | %s | %s / %s | %s / %s | %.2f× |\n", count(float64(c.rows)), c.took.Round(time.Millisecond),
 			count(c.rowsPerSec()), ms(c.without.pct(0.5)), ms(c.without.pct(0.99)), ms(c.during.pct(0.5)), ms(c.during.pct(0.99)),
 			float64(c.during.pct(0.99))/float64(c.without.pct(0.99)))
+	}
+	if r.citus != nil {
+		p("%s", r.citus.markdown(r.cfg))
 	}
 	if ts := r.targets(); len(ts) > 0 {
 		p("\n### Targets\n\n| target | goal | measured | met |\n|---|--:|--:|---|\n")

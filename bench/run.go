@@ -65,6 +65,11 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		}
 		rep.cleanup = &c
 	}
+	if cfg.runs("citus") {
+		if rep.citus, err = b.runCitus(ctx, prog); err != nil {
+			return err
+		}
+	}
 	rep.loadAfter = loadAverage()
 	rep.took = time.Since(rep.start)
 	if err := write(cfg, stdout, rep.markdown()); err != nil {
@@ -145,6 +150,9 @@ func plannedSteps(cfg config) int {
 	}
 	if cfg.runs("cleanup") {
 		n += 3
+	}
+	if cfg.runs("citus") {
+		n += len(cfg.workers)*(cfg.rounds+1)*len(citusScenarios) + 4
 	}
 	return n
 }

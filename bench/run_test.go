@@ -102,3 +102,38 @@ func TestRunPrintsEveryTableAndCleansUp(t *testing.T) {
 		t.Errorf("%d pgdedup_bench_ schemas before the run, %d after", before, after)
 	}
 }
+
+// The citus part runs against the cluster of TEST_CITUS_URL (.ci/citus.sh),
+// prints its section and targets, and leaves no schema on either server.
+func TestCitusPart(t *testing.T) {
+	citusURL := os.Getenv("TEST_CITUS_URL")
+	if citusURL == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("TEST_CITUS_URL is not set: CI must run the Citus part (.ci/citus.sh)")
+		}
+		t.Skip("TEST_CITUS_URL is not set (see .ci/citus.sh)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.only, cfg.citusURL, cfg.citusShards, cfg.workers = []string{"citus"}, citusURL, 4, []int{2}
+	var out bytes.Buffer
+	if err := run(ctx, cfg, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"### Citus (", "| Citus, business row co-located with the claim | ", "| Citus: ClaimBatch (multi-row VALUES",
+		"| Citus: Cleanup (windows", "Citus: before (the batch that picks rows by ctid) | fails: ", "| Citus: Cleanup rows/s |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	conn, err := pgx.Connect(ctx, citusURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_bench\_citus\_%'`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d pgdedup_bench_citus_ schemas left on Citus (%v)", n, err)
+	}
+}

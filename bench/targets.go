@@ -69,5 +69,8 @@ func (r *report) targets() []target {
 			target{"Cleanup rows/s", "≥ 300,000", count(c.rowsPerSec()), c.rowsPerSec() >= 300_000},
 			target{"Process p99 during Cleanup ÷ alone", "≤ 2×", fmt.Sprintf("%.2f×", p99), p99 <= 2})
 	}
+	if r.citus != nil {
+		ts = append(ts, r.citus.targets()...)
+	}
 	return ts
 }

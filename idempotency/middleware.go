@@ -17,6 +17,12 @@
 //		// ... tx.Exec(r.Context(), "INSERT INTO charges ...") ...
 //	})))
 //
+// The header is read as draft-ietf-httpapi-idempotency-key-header defines it,
+// an RFC 8941 String (Idempotency-Key: "8e03978e-…"); the bare form
+// (Idempotency-Key: 8e03978e-…) is the same key. Malformed keys get 400, and
+// every error about the key's use links to the page [Middleware.Docs] serves
+// (Config.DocsURL).
+//
 // Keys live in processed_messages (migration 00002 adds the response columns:
 // run pgdedup.Migrate), expire after the Store's Retention and are deleted by
 // the same pgdedup Cleanup as message IDs.
@@ -126,10 +132,10 @@ type Middleware struct {
 	store  *pgdedup.Store
 	cfg    Config
 	log    *slog.Logger
-	lookup string // $1 consumer, $2 id
+	lookup string // $1 key (pgdedup.Key)
 	// customFingerprint is whether Config.Fingerprint was set, for Docs.
 	customFingerprint bool
-	respond           string // $1 consumer, $2 id, $3 fingerprint, $4 status, $5 headers, $6 body
+	respond           string // $1 key, $2 fingerprint, $3 status, $4 headers, $5 body
 }
 
 // DefaultDocsURL is Config.DocsURL's default: a path on the server itself, so
@@ -188,9 +194,9 @@ func New(db DB, cfg Config) (*Middleware, error) {
 	return &Middleware{
 		db: db, store: store, cfg: cfg, log: log, customFingerprint: customFingerprint,
 		lookup: `SELECT request_fingerprint, response_status, response_headers, response_body FROM ` + t +
-			` WHERE consumer = $1 AND message_id = $2`,
-		respond: `UPDATE ` + t + ` SET request_fingerprint = $3, response_status = $4, response_headers = $5, response_body = $6` +
-			` WHERE consumer = $1 AND message_id = $2`,
+			` WHERE key = $1::uuid`,
+		respond: `UPDATE ` + t + ` SET request_fingerprint = $2, response_status = $3, response_headers = $4, response_body = $5` +
+			` WHERE key = $1::uuid`,
 	}, nil
 }
 

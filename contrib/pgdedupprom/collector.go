@@ -16,6 +16,14 @@
 //	pgdedup_next_expiry_timestamp_seconds{consumer}        the earliest expires_at still ahead (absent when all have expired)
 //	pgdedup_table_size_bytes                       heap, TOAST and maps (pg_table_size)
 //	pgdedup_indexes_size_bytes                     all indexes (pg_indexes_size)
+//	pgdedup_index_size_bytes{index,method}         each index
+//	pgdedup_dead_tuples                            rows deleted and not yet reclaimed by vacuum (n_dead_tup)
+//	pgdedup_last_vacuum_timestamp_seconds          last manual vacuum, Unix time (absent if never)
+//	pgdedup_last_autovacuum_timestamp_seconds      last autovacuum, Unix time (absent if never)
+//
+// On a Citus-distributed table the sizes are the shards' total; the dead
+// tuples read 0 and the vacuum and per-index series are absent (Stats leaves
+// them empty: the shards are vacuumed on the workers).
 package pgdedupprom
 
 import (
@@ -56,6 +64,7 @@ type Collector struct {
 	opts  Options
 
 	up, rows, expired, oldest, nextExpiry, tableBytes, indexBytes *prometheus.Desc
+	indexSize, deadTuples, lastVacuum, lastAutovacuum             *prometheus.Desc
 
 	mu     sync.Mutex // held during a read, so concurrent scrapes wait for it
 	last   pgdedup.Stats
@@ -74,21 +83,26 @@ func NewCollector(store *pgdedup.Store, opts Options) *Collector {
 		return prometheus.NewDesc("pgdedup_"+name, help, labels, table)
 	}
 	return &Collector{
-		store:      store,
-		opts:       opts,
-		up:         desc("stats_up", "1 if the last read of the dedup table's stats succeeded, else 0."),
-		rows:       desc("rows", "Rows in the dedup table, per consumer.", "consumer"),
-		expired:    desc("expired_rows", "Rows past their expires_at, per consumer: the next cleanup deletes them.", "consumer"),
-		oldest:     desc("oldest_processed_timestamp_seconds", "processed_at of the consumer's oldest row, Unix time.", "consumer"),
-		nextExpiry: desc("next_expiry_timestamp_seconds", "Earliest expires_at still ahead among the consumer's rows, Unix time.", "consumer"),
-		tableBytes: desc("table_size_bytes", "Size of the dedup table: heap, TOAST and maps (pg_table_size)."),
-		indexBytes: desc("indexes_size_bytes", "Size of the dedup table's indexes (pg_indexes_size)."),
+		store:          store,
+		opts:           opts,
+		up:             desc("stats_up", "1 if the last read of the dedup table's stats succeeded, else 0."),
+		rows:           desc("rows", "Rows in the dedup table, per consumer.", "consumer"),
+		expired:        desc("expired_rows", "Rows past their expires_at, per consumer: the next cleanup deletes them.", "consumer"),
+		oldest:         desc("oldest_processed_timestamp_seconds", "processed_at of the consumer's oldest row, Unix time.", "consumer"),
+		nextExpiry:     desc("next_expiry_timestamp_seconds", "Earliest expires_at still ahead among the consumer's rows, Unix time.", "consumer"),
+		tableBytes:     desc("table_size_bytes", "Size of the dedup table: heap, TOAST and maps (pg_table_size)."),
+		indexBytes:     desc("indexes_size_bytes", "Size of the dedup table's indexes (pg_indexes_size)."),
+		indexSize:      desc("index_size_bytes", "Size of one index of the dedup table.", "index", "method"),
+		deadTuples:     desc("dead_tuples", "Rows deleted from the dedup table and not yet reclaimed by vacuum (pg_stat_user_tables.n_dead_tup, an estimate)."),
+		lastVacuum:     desc("last_vacuum_timestamp_seconds", "When the dedup table was last vacuumed by hand, Unix time."),
+		lastAutovacuum: desc("last_autovacuum_timestamp_seconds", "When autovacuum last vacuumed the dedup table, Unix time."),
 	}
 }
 
 // Describe sends the descriptors of every metric the Collector can send.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.rows, c.expired, c.oldest, c.nextExpiry, c.tableBytes, c.indexBytes} {
+	for _, d := range []*prometheus.Desc{c.up, c.rows, c.expired, c.oldest, c.nextExpiry, c.tableBytes, c.indexBytes,
+		c.indexSize, c.deadTuples, c.lastVacuum, c.lastAutovacuum} {
 		ch <- d
 	}
 }
@@ -113,6 +127,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.tableBytes, prometheus.GaugeValue, float64(st.TableBytes))
 	ch <- prometheus.MustNewConstMetric(c.indexBytes, prometheus.GaugeValue, float64(st.IndexBytes))
+	for _, ix := range st.Indexes {
+		ch <- prometheus.MustNewConstMetric(c.indexSize, prometheus.GaugeValue, float64(ix.Bytes), ix.Name, ix.Method)
+	}
+	ch <- prometheus.MustNewConstMetric(c.deadTuples, prometheus.GaugeValue, float64(st.DeadTuples))
+	if st.LastVacuum != nil {
+		ch <- prometheus.MustNewConstMetric(c.lastVacuum, prometheus.GaugeValue, unix(*st.LastVacuum))
+	}
+	if st.LastAutovacuum != nil {
+		ch <- prometheus.MustNewConstMetric(c.lastAutovacuum, prometheus.GaugeValue, unix(*st.LastAutovacuum))
+	}
 }
 
 func (c *Collector) read() (pgdedup.Stats, bool) {

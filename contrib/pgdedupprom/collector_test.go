@@ -104,6 +104,65 @@ pgdedup_rows{consumer="billing",table="processed_messages"} 2
 	}
 }
 
+// Indexes, dead tuples and vacuums are exported as Stats reads them.
+func TestCollectorExportsIndexesAndVacuum(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{})
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, expires_at)
+SELECT 'billing', 'm' || g, now() - interval '1 minute' FROM generate_series(1, 100) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := gather(t, c)["pgdedup_last_vacuum_timestamp_seconds"]; ok {
+		t.Errorf("a table never vacuumed has a last vacuum")
+	}
+	if _, err := store.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var before time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `VACUUM processed_messages`); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err := store.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Indexes) == 0 {
+		t.Fatal("Stats lists no index")
+	}
+	var want strings.Builder
+	want.WriteString("# HELP pgdedup_index_size_bytes Size of one index of the dedup table.\n# TYPE pgdedup_index_size_bytes gauge\n")
+	for _, ix := range st.Indexes {
+		fmt.Fprintf(&want, "pgdedup_index_size_bytes{index=%q,method=%q,table=\"processed_messages\"} %d\n", ix.Name, ix.Method, ix.Bytes)
+	}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want.String()), "pgdedup_index_size_bytes"); err != nil {
+		t.Error(err)
+	}
+	got := gather(t, c)
+	if last := got["pgdedup_last_vacuum_timestamp_seconds"]; last < float64(before.Unix()) || last > float64(time.Now().Add(time.Minute).Unix()) {
+		t.Errorf("last vacuum at %v, want just after %v", last, before)
+	}
+	if dead, ok := got["pgdedup_dead_tuples"]; !ok || dead < 0 {
+		t.Errorf("dead tuples: %v (exported %v)", dead, ok)
+	}
+	var sum float64
+	for _, ix := range st.Indexes {
+		sum += float64(ix.Bytes)
+	}
+	if sum != got["pgdedup_indexes_size_bytes"] {
+		t.Errorf("index sizes add up to %v, pgdedup_indexes_size_bytes is %v", sum, got["pgdedup_indexes_size_bytes"])
+	}
+}
+
 // A read that fails is pgdedup_stats_up 0, logged, and nothing else; the
 // scrape itself succeeds.
 func TestCollectorReportsAFailedRead(t *testing.T) {

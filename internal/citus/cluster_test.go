@@ -126,17 +126,7 @@ func charge(id string) func(context.Context, pgx.Tx) error {
 // chargesPerMessage returns how many charges rows each message has.
 func (s *schema) chargesPerMessage(t testing.TB) map[string]int {
 	t.Helper()
-	rows, err := s.pool.Query(context.Background(), `SELECT message_id, count(*) FROM charges GROUP BY message_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	var id string
-	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return pgtest.CountBy(t, s.pool, `SELECT message_id, count(*) FROM charges GROUP BY message_id`)
 }
 
 // checkExactlyOnce fails t unless every one of ids has exactly one charge and

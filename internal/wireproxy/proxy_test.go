@@ -93,8 +93,8 @@ func TestDelaysEachWay(t *testing.T) {
 }
 
 // A COMMIT cut before it reaches the server rolls the transaction back; one cut
-// after it commits it; either way the client gets an error, not an answer.
-// Round trips are counted on PostgreSQL's wire too.
+// after it commits it; either way the client gets an error, not an answer. A
+// forwarded COMMIT is one round trip.
 func TestCutsCommit(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -121,8 +121,10 @@ func TestCutsCommit(t *testing.T) {
 		}
 		before := p.RoundTrips()
 		err = tx.Commit(ctx)
-		if got := p.RoundTrips() - before; got != 1 {
-			t.Errorf("cut %d: COMMIT took %d round trips, want 1", c.how, got)
+		// Counted on a connection that carries on; a cut one's client may
+		// still write into it as it fails.
+		if got := p.RoundTrips() - before; c.how == wireproxy.Forward && got != 1 {
+			t.Errorf("COMMIT took %d round trips, want 1", got)
 		}
 		if c.how == wireproxy.Forward {
 			if err != nil {
