@@ -16,9 +16,21 @@ import (
 
 // growthConfig is the command line of -only growth.
 type growthConfig struct {
-	rows     int   // rows of the big table
-	versions []int // schema versions measured: 2 (before migration 00003) and/or 3
-	keep     bool  // keep the loaded tables for the next run (and reuse them)
+	rows     int           // rows of the big table
+	versions []int         // schema versions measured: 2 (before migration 00003) and/or 3
+	keep     bool          // keep the loaded tables for the next run (and reuse them)
+	steady   time.Duration // per version: Process on the big table alone, for WAL across checkpoints; 0 skips
+}
+
+// growthSteady is the steady phase of one version: Process with the most
+// workers on the big table alone, from a CHECKPOINT on, for growthConfig.steady.
+type growthSteady struct {
+	version     int
+	workers     int
+	sample      sample
+	walBytes    int64
+	fpis        int64 // full-page images written, from pg_stat_wal
+	checkpoints int64
 }
 
 // growthTable is one dedup table of the growth part: a schema of its own
@@ -94,6 +106,7 @@ type growthReport struct {
 	checkpoints int64
 	elapsed     time.Duration
 	loadTook    map[int]time.Duration // per version, the big table's load (0: reused)
+	steady      []growthSteady
 }
 
 // runGrowth measures, per schema version, Process and ClaimBatch on an empty
@@ -183,6 +196,19 @@ WHERE name IN ('shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_comp
 		return nil, err
 	}
 	rep.checkpoints = ckpt1 - ckpt0
+	if g.steady > 0 {
+		for _, t := range tables {
+			if t.rows == 0 {
+				continue
+			}
+			prog.step("growth: steady, v%d %s, %s", t.version, t.name(), g.steady)
+			st, err := b.growthSteady(ctx, t)
+			if err != nil {
+				return nil, err
+			}
+			rep.steady = append(rep.steady, st)
+		}
+	}
 	for _, t := range tables {
 		s, err := t.size(ctx, b)
 		if err != nil {
@@ -191,6 +217,42 @@ WHERE name IN ('shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_comp
 		rep.sizes = append(rep.sizes, s)
 	}
 	return rep, nil
+}
+
+// growthSteady runs Process with the most workers on t alone for
+// growthConfig.steady, from a CHECKPOINT on, and measures the WAL it wrote:
+// long enough to span checkpoint cycles, it is the WAL per message of a
+// server that does nothing else.
+func (b *bench) growthSteady(ctx context.Context, t *growthTable) (growthSteady, error) {
+	st := growthSteady{version: t.version, workers: slicesMax(b.cfg.workers)}
+	if _, err := b.admin.Exec(ctx, `CHECKPOINT`); err != nil {
+		return st, err
+	}
+	ckpt0, err := b.checkpoints(ctx)
+	if err != nil {
+		return st, err
+	}
+	var lsn0, lsn1, fpi0, fpi1 int64
+	walStats := `SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint, coalesce((SELECT wal_fpi FROM pg_stat_wal), 0)`
+	if err := b.admin.QueryRow(ctx, walStats).Scan(&lsn0, &fpi0); err != nil {
+		return st, err
+	}
+	st.sample, err = measure(ctx, st.workers, b.cfg.growth.steady, nil, func(ctx context.Context, _ int) error {
+		return t.claim(ctx, growthScenarios[0])
+	})
+	if err != nil {
+		return st, fmt.Errorf("growth: steady v%d: %w", t.version, err)
+	}
+	if err := b.admin.QueryRow(ctx, walStats).Scan(&lsn1, &fpi1); err != nil {
+		return st, err
+	}
+	ckpt1, err := b.checkpoints(ctx)
+	if err != nil {
+		return st, err
+	}
+	st.walBytes, st.checkpoints = lsn1-lsn0, ckpt1-ckpt0
+	st.fpis = fpi1 - fpi0
+	return st, nil
 }
 
 func (b *bench) checkpoints(ctx context.Context) (n int64, err error) {

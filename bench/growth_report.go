@@ -39,6 +39,15 @@ func (g *growthReport) markdown(workers []int, rounds int, round time.Duration) 
 			}
 		}
 	}
+	if len(g.steady) > 0 {
+		p("\nSteady state: Process on the %s-row table alone, from a CHECKPOINT on, for %s per version.\n\n", big, g.cfg.steady)
+		p("| schema | workers | msgs/s | p50 ms | p99 ms | checkpoints | WAL B/msg | full-page images per msg |\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, st := range g.steady {
+			n := float64(max(st.sample.ops, 1))
+			p("| v%d | %d | %s | %s | %s | %d | %s | %.2f |\n", st.version, st.workers, count(st.sample.perSec()),
+				ms(st.sample.pct(0.5)), ms(st.sample.pct(0.99)), st.checkpoints, count(float64(st.walBytes)/n), float64(st.fpis)/n)
+		}
+	}
 	p("\n| schema | table | rows | heap B/row | indexes B/row | primary key leaf density |\n|---|---|--:|--:|--:|--:|\n")
 	for _, s := range g.sizes {
 		rows := max(s.rowsAfter, 1)

@@ -19,7 +19,7 @@ func TestGrowthTiny(t *testing.T) {
 	cfg := testConfig(t)
 	var err error
 	cfg, err = parseFlags([]string{"-database-url", cfg.databaseURL, "-only", "growth", "-growth-rows", "3000",
-		"-workers", "1,2", "-rounds", "1", "-round", "30ms"}, io.Discard)
+		"-workers", "1,2", "-rounds", "1", "-round", "30ms", "-growth-steady", "100ms"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestGrowthTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"### Growth: an empty table and one of 3k rows", "| v2 | Process | 1 | ", "| v3 | Process | 2 | ",
-		"| v2 | ClaimBatch of 100 | 2 | ", "| v3 | ClaimBatch of 100 | 1 | ", "| v3 | 3k | "} {
+		"| v2 | ClaimBatch of 100 | 2 | ", "| v3 | ClaimBatch of 100 | 1 | ", "| v3 | 3k | ", "Steady state: Process on the 3k-row table"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

@@ -89,6 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.soak.naptime, "soak-naptime", time.Second, "soak: autovacuum_naptime of the soak's cluster")
 	fs.IntVar(&c.growth.rows, "growth-rows", 20_000_000, "growth: rows of the big table")
 	versions := fs.String("growth-versions", "2,3", "growth: schema versions to measure (2: before migration 00003, 3: now)")
+	fs.DurationVar(&c.growth.steady, "growth-steady", 0, "growth: then Process on each big table alone this long, from a CHECKPOINT, for WAL across checkpoints (0 skips)")
 	fs.BoolVar(&c.growth.keep, "growth-keep", false, "growth: keep the big tables (schema pgdedup_growth_v<version>_<rows>) and reuse them next time")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
