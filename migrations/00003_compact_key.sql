@@ -19,7 +19,7 @@
 --      a NOT VALID check that it is set, and an insert trigger that fills it
 --      when an insert leaves it NULL (code that predates this migration, raw
 --      SQL). The trigger stays: its WHEN clause costs nothing when key is given.
---   3. Backfill of the existing rows, 5,000 per transaction, in the order of the
+--   3. Backfill of the existing rows, 2,000 per transaction, in the order of the
 --      old primary key; a redelivered old ID waits at most for one batch.
 --   4. VALIDATE the check (a scan that blocks no writes), and build the unique
 --      index on key CONCURRENTLY.
@@ -77,7 +77,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
--- Backfill in pages of 5,000 rows in the old primary key's order (an index
+-- Backfill in pages of 2,000 rows in the old primary key's order (an index
 -- range scan on any PostgreSQL), each page its own transaction. Rows inserted
 -- since the trigger exists already have their key.
 DO $$
@@ -96,7 +96,7 @@ BEGIN
         SELECT consumer, message_id INTO hi_consumer, hi_id FROM (
             SELECT consumer, message_id FROM processed_messages
             WHERE (consumer, message_id) >= (lo_consumer, lo_id)
-            ORDER BY consumer, message_id LIMIT 5000) AS page
+            ORDER BY consumer, message_id LIMIT 2000) AS page
         ORDER BY consumer DESC, message_id DESC LIMIT 1;
         UPDATE processed_messages SET key = pgdedup_key(consumer, message_id)
         WHERE (consumer, message_id) >= (lo_consumer, lo_id) AND (consumer, message_id) <= (hi_consumer, hi_id)
