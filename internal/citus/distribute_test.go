@@ -46,10 +46,10 @@ func TestDistributeCommand(t *testing.T) {
 		return code, stdout.String(), stderr.String()
 	}
 	code, out, errOut := run("--sql", "--colocate", "charges:message_id", "--shard-count", "4")
-	if want := `SELECT create_distributed_table('"processed_messages"', 'message_id', shard_count => 4);
+	if code != 0 || !strings.Contains(out, `SELECT create_distributed_table('"processed_messages"', 'message_id', shard_count => 4);
 SELECT create_distributed_table('"charges"', 'message_id', colocate_with => '"processed_messages"');
-`; code != 0 || out != want {
-		t.Fatalf("--sql: exit %d, stdout %q, stderr %q; want\n%s", code, out, errOut, want)
+`) {
+		t.Fatalf("--sql: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'processed_messages'::regclass`); n != 0 {
 		t.Fatal("--sql distributed the table")
