@@ -129,35 +129,38 @@ func citusAround(lockTimeoutMS int64, batch bool) around {
 	return a
 }
 
-// citusBatchMaxRows is the most rows one multi-row VALUES claim carries: one
-// bind parameter per ID plus the consumer stays under PostgreSQL's 65,535.
-const citusBatchMaxRows = 1 << 15
+// citusBatchMaxRows is the most rows one multi-row VALUES claim carries: two
+// bind parameters per ID (the ID and its key) plus the consumer stay under
+// PostgreSQL's 65,535.
+const citusBatchMaxRows = 1 << 14
 
 // citusBatchChunks splits sorted IDs into the chunks of one claim statement
-// each, and pads each chunk to a power of two by repeating its last ID, so
+// each, as arguments id, key, id, key…, and pads each chunk to a power of two
+// rows by repeating its last ID, so
 // that a Store prepares at most 16 distinct statements whatever its batch
 // sizes. A repeated ID is harmless: ON CONFLICT DO NOTHING skips the repeat
 // and RETURNING reports the ID once.
-func citusBatchChunks(sorted []string) [][]any {
+func citusBatchChunks(sorted sortedBatch) [][]any {
 	var chunks [][]any
-	for len(sorted) > 0 {
-		n := min(len(sorted), citusBatchMaxRows)
+	ids, keys := sorted.ids, sorted.keys
+	for len(ids) > 0 {
+		n := min(len(ids), citusBatchMaxRows)
 		rows := 1 << bits.Len(uint(n-1))
-		args := make([]any, 0, rows)
-		for _, id := range sorted[:n] {
-			args = append(args, id)
+		args := make([]any, 0, 2*rows)
+		for i := range n {
+			args = append(args, ids[i], keys[i])
 		}
-		for len(args) < rows {
-			args = append(args, sorted[n-1])
+		for len(args) < 2*rows {
+			args = append(args, ids[n-1], keys[n-1])
 		}
 		chunks = append(chunks, args)
-		sorted = sorted[n:]
+		ids, keys = ids[n:], keys[n:]
 	}
 	return chunks
 }
 
 // citusBatchSQL is the claim of rows IDs as one multi-row VALUES insert, $1
-// the consumer and $2… the IDs. Citus routes each row to its shard, where
+// the consumer and $2… the IDs and their keys, in pairs. Citus routes each row to its shard, where
 // INSERT … SELECT FROM unnest (the plain statement) is pulled through the
 // coordinator and opens a connection per shard: about 1 s for 1,000 IDs,
 // against tens of milliseconds.
@@ -166,12 +169,12 @@ func (s *Store) citusBatchSQL(l *layout, rows int) string {
 		return q.(string)
 	}
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + s.sql.table + ` (consumer, message_id, expires_at) VALUES `)
+	b.WriteString(`INSERT INTO ` + s.sql.table + ` (key, consumer, message_id, expires_at) VALUES `)
 	for i := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "($1, $%d, %s)", i+2, s.sql.expires)
+		fmt.Fprintf(&b, "($%d::uuid, $1, $%d, %s)", 2*i+3, 2*i+2, s.sql.expires)
 	}
 	b.WriteString("\nON CONFLICT DO NOTHING\nRETURNING message_id")
 	q := b.String()

@@ -221,8 +221,8 @@ func TestRunCleanerSurvivesFailuresAndStops(t *testing.T) {
 	}
 	mustExec(t, b.pool, `BEGIN;
 CREATE TABLE later_table (LIKE processed_messages INCLUDING ALL);
-INSERT INTO later_table (consumer, message_id, expires_at)
-SELECT 'billing', 'id-' || g, now() - interval '1 hour' FROM generate_series(1, 100) g;
+INSERT INTO later_table (key, consumer, message_id, expires_at)
+SELECT pgdedup_key('billing', 'id-' || g), 'billing', 'id-' || g, now() - interval '1 hour' FROM generate_series(1, 100) g;
 COMMIT`)
 	for i := 0; ; i++ {
 		e := next(t, runs)

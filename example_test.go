@@ -102,3 +102,23 @@ func ExampleContentKey() {
 	fmt.Println(pgdedup.ContentKey([]byte(`{"order_id":42}`))[:16])
 	// Output: 2ba2950dab99043d
 }
+
+// Key finds an ID's row by its primary key, in Go or in SQL (pgdedup_key).
+func ExampleKey() {
+	ctx := context.Background()
+	pool, done := pgtest.ForExample()
+	defer done()
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := store.Process(ctx, "order-1", func(context.Context, pgx.Tx) error { return nil }); err != nil {
+		log.Fatal(err)
+	}
+	var id string
+	err = pool.QueryRow(ctx, `SELECT message_id FROM processed_messages
+WHERE key = $1 AND key = pgdedup_key('billing', 'order-1')`, pgdedup.Key("billing", "order-1")).Scan(&id)
+	fmt.Println(pgdedup.Key("billing", "order-1"), id, err)
+	// Output:
+	// 6a4c5c6d-d5c8-489d-1422-999764c15c8a order-1 <nil>
+}

@@ -45,18 +45,35 @@ func validateText(s string) error {
 	return nil
 }
 
-// prepareBatch validates every ID and returns them sorted and without repeats,
-// the order in which they are inserted so that overlapping batches lock rows in
-// the same order and cannot deadlock. One bad ID rejects the whole batch.
-func prepareBatch(ids []string) ([]string, error) {
+// sortedBatch is a batch of IDs ready to claim: valid, each once, and sorted
+// by key, the order of the primary key, in which they are inserted so that
+// overlapping batches lock rows in the same order and cannot deadlock.
+// keys[i] is the key of ids[i].
+type sortedBatch struct {
+	ids, keys []string
+}
+
+// prepareBatch validates every ID and returns them sorted by key and without
+// repeats. One bad ID rejects the whole batch.
+func prepareBatch(consumer string, ids []string) (sortedBatch, error) {
 	for i, id := range ids {
 		if err := idProblem(id); err != nil {
-			return nil, fmt.Errorf("%w: message %d of %d: %s", ErrInvalidMessageID, i, len(ids), err)
+			return sortedBatch{}, fmt.Errorf("%w: message %d of %d: %s", ErrInvalidMessageID, i, len(ids), err)
 		}
 	}
-	sorted := slices.Clone(ids)
-	slices.Sort(sorted)
-	return slices.Compact(sorted), nil
+	type entry struct{ key, id string }
+	entries := make([]entry, len(ids))
+	for i, id := range ids {
+		entries[i] = entry{Key(consumer, id), id}
+	}
+	// The text form of a UUID sorts as its bytes do, as Postgres orders uuid.
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.key, b.key) })
+	entries = slices.CompactFunc(entries, func(a, b entry) bool { return a.key == b.key })
+	b := sortedBatch{ids: make([]string, len(entries)), keys: make([]string, len(entries))}
+	for i, e := range entries {
+		b.ids[i], b.keys[i] = e.id, e.key
+	}
+	return b, nil
 }
 
 // inInputOrder returns the IDs of ids that are in fresh, in the order they

@@ -48,7 +48,7 @@ WHERE i.indrelid = to_regclass($1) AND i.indnatts = 1 AND a.attname = 'expires_a
 	}
 	var pk string
 	err := db.Pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass AND contype = 'p'`).Scan(&pk)
-	if err != nil || pk != "PRIMARY KEY (consumer, message_id)" {
+	if err != nil || pk != "PRIMARY KEY (key)" {
 		t.Fatalf("primary key %q, %v", pk, err)
 	}
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ('c', 'm')`); err == nil {

@@ -48,7 +48,7 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 	if err != nil {
 		return false, err
 	}
-	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { queueAround(b, a, s.sql.claim, s.cfg.Consumer, id) })
+	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { queueAround(b, a, s.sql.claim, s.cfg.Consumer, id, Key(s.cfg.Consumer, id)) })
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
 
 	claimed, err := s.readClaim(br, id, true, a)
@@ -80,8 +80,8 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 // whole batch is rejected with [ErrInvalidMessageID], naming its index, before
 // anything is sent.
 func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(ctx context.Context, tx pgx.Tx, fresh []string) error) (fresh []string, err error) {
-	sorted, err := prepareBatch(messageIDs)
-	if err != nil || len(sorted) == 0 {
+	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
+	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
 	}
 	if fn == nil {
@@ -95,7 +95,7 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 	return fresh, err
 }
 
-func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
+func (s *Store) processBatchOnce(ctx context.Context, ids []string, sorted sortedBatch, fn func(context.Context, pgx.Tx, []string) error) ([]string, error) {
 	start := time.Now()
 	l, err := s.layout(ctx, pgxQueryRow(s.db))
 	if err != nil {
@@ -107,10 +107,10 @@ func (s *Store) processBatchOnce(ctx context.Context, ids, sorted []string, fn f
 
 	fresh, err := s.readClaimBatch(br, ids, true, q)
 	if err != nil {
-		s.inFlight(ctx, err, "", len(sorted))
+		s.inFlight(ctx, err, "", len(sorted.ids))
 		return nil, err
 	}
-	if dups := len(sorted) - len(fresh); dups > 0 {
+	if dups := len(sorted.ids) - len(fresh); dups > 0 {
 		s.duplicate(ctx, "", dups)
 	}
 	if len(fresh) == 0 {

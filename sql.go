@@ -39,7 +39,7 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (cla
 	}
 	var n int64
 	err = sqlAround(ctx, tx, a, func() error {
-		res, err := tx.ExecContext(ctx, s.sql.claim, s.cfg.Consumer, messageID)
+		res, err := tx.ExecContext(ctx, s.sql.claim, s.cfg.Consumer, messageID, Key(s.cfg.Consumer, messageID))
 		if err != nil {
 			return err
 		}
@@ -59,11 +59,11 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (cla
 // with [ErrInvalidMessageID], naming the index, if any ID is invalid, before
 // anything is sent. Round trips and [Config.LockTimeout] are as in [Store.ClaimSQL].
 //
-// The IDs travel as one text[] parameter written as a Postgres array literal,
-// so no driver-specific array type is needed.
+// The IDs and their keys travel as two array parameters written as Postgres
+// array literals, so no driver-specific array type is needed.
 func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string) (fresh []string, err error) {
-	sorted, err := prepareBatch(messageIDs)
-	if err != nil || len(sorted) == 0 {
+	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
+	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
 	}
 	if tx == nil {
@@ -73,7 +73,7 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 	if err != nil {
 		return nil, err
 	}
-	got := make(map[string]struct{}, len(sorted))
+	got := make(map[string]struct{}, len(sorted.ids))
 	collect := func(sql string, args ...any) error {
 		rows, err := tx.QueryContext(ctx, sql, args...)
 		if err != nil {
@@ -91,12 +91,12 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 	}
 	if !l.citus {
 		err = sqlAround(ctx, tx, s.sql.lockTimeout, func() error {
-			return collect(s.sql.claimBatch, s.cfg.Consumer, textArray(sorted))
+			return collect(s.sql.claimBatch, s.cfg.Consumer, textArray(sorted.ids), textArray(sorted.keys))
 		})
 	} else {
 		err = sqlAround(ctx, tx, l.batch, func() error {
-			for _, ids := range citusBatchChunks(sorted) {
-				if err := collect(s.citusBatchSQL(l, len(ids)), append([]any{s.cfg.Consumer}, ids...)...); err != nil {
+			for _, args := range citusBatchChunks(sorted) {
+				if err := collect(s.citusBatchSQL(l, len(args)/2), append([]any{s.cfg.Consumer}, args...)...); err != nil {
 					return err
 				}
 			}

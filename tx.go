@@ -16,8 +16,8 @@ import (
 type statements struct {
 	table      string
 	expires    string // the expires_at expression
-	claim      string // $1 consumer, $2 id
-	claimBatch string // $1 consumer, $2 sorted ids
+	claim      string // $1 consumer, $2 id, $3 key
+	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
 
 	// With Config.LockTimeout set, the claim runs between lockTimeout.before
 	// (save the caller's lock_timeout, set ours) and lockTimeout.after (restore
@@ -39,10 +39,10 @@ func newStatements(table pgx.Identifier, retention, lockTimeout time.Duration) s
 	st := statements{
 		table:   t,
 		expires: expires,
-		claim: `INSERT INTO ` + t + ` (consumer, message_id, expires_at) VALUES ($1, $2, ` + expires + `)
+		claim: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at) VALUES ($3::uuid, $1, $2, ` + expires + `)
 ON CONFLICT DO NOTHING`,
-		claimBatch: `INSERT INTO ` + t + ` (consumer, message_id, expires_at)
-SELECT $1, id, ` + expires + ` FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) ORDER BY n
+		claimBatch: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at)
+SELECT k, $1, id, ` + expires + ` FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n) ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING message_id`,
 	}
@@ -79,7 +79,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 		return false, err
 	}
 	b := &pgx.Batch{}
-	queueAround(b, a, s.sql.claim, s.cfg.Consumer, messageID)
+	queueAround(b, a, s.sql.claim, s.cfg.Consumer, messageID, Key(s.cfg.Consumer, messageID))
 	return s.readClaim(tx.SendBatch(ctx, b), messageID, false, a)
 }
 
@@ -89,12 +89,13 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed
 // IDs are duplicates, and the claims commit or roll back with tx.
 //
 // Whatever the batch size it is one statement and one round trip. The IDs are
-// inserted in sorted order, so overlapping batches cannot deadlock. If any ID is
-// invalid, the whole batch is rejected with [ErrInvalidMessageID], naming its
+// inserted in the order of their keys (see [Key]), the primary key's order, so
+// overlapping batches cannot deadlock. If any ID is invalid, the whole batch
+// is rejected with [ErrInvalidMessageID], naming its
 // index, before anything is sent.
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
-	sorted, err := prepareBatch(messageIDs)
-	if err != nil || len(sorted) == 0 {
+	sorted, err := prepareBatch(s.cfg.Consumer, messageIDs)
+	if err != nil || len(sorted.ids) == 0 {
 		return nil, err
 	}
 	if tx == nil {
@@ -146,17 +147,17 @@ type queuedBatch struct {
 
 // queueClaimBatch queues the claim of sorted onto b: one INSERT … SELECT FROM
 // unnest on plain PostgreSQL, multi-row VALUES inserts on Citus.
-func (s *Store) queueClaimBatch(b *pgx.Batch, l *layout, sorted []string) queuedBatch {
+func (s *Store) queueClaimBatch(b *pgx.Batch, l *layout, sorted sortedBatch) queuedBatch {
 	if !l.citus {
-		queueAround(b, s.sql.lockTimeout, s.sql.claimBatch, s.cfg.Consumer, sorted)
+		queueAround(b, s.sql.lockTimeout, s.sql.claimBatch, s.cfg.Consumer, sorted.ids, sorted.keys)
 		return queuedBatch{around: s.sql.lockTimeout, claims: 1}
 	}
 	for _, q := range l.batch.before {
 		b.Queue(q)
 	}
 	chunks := citusBatchChunks(sorted)
-	for _, ids := range chunks {
-		b.Queue(s.citusBatchSQL(l, len(ids)), append([]any{s.cfg.Consumer}, ids...)...)
+	for _, args := range chunks {
+		b.Queue(s.citusBatchSQL(l, len(args)/2), append([]any{s.cfg.Consumer}, args...)...)
 	}
 	for _, q := range l.batch.after {
 		b.Queue(q)

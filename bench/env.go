@@ -187,7 +187,7 @@ func (b *bench) env(ctx context.Context, pgAddr, redisAddr string, conns int, tr
 		return nil, fmt.Errorf("connect to Redis at %s: %w", b.cfg.redisAddr, err)
 	}
 	e := &env{pool: pool, store: store, rdb: rdb, keyPrefix: b.keyPrefix()}
-	e.claimSQL = `INSERT INTO ` + store.Table() + ` (consumer, message_id, expires_at) VALUES ($1, $2, ` +
+	e.claimSQL = `INSERT INTO ` + store.Table() + ` (key, consumer, message_id, expires_at) VALUES ($3::uuid, $1, $2, ` +
 		fmt.Sprintf("now() + interval '%d microseconds'", retention.Microseconds()) + `)
 ON CONFLICT DO NOTHING`
 	return e, nil

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 // scenario handles one message the way one design does. Every scenario that
@@ -62,7 +64,7 @@ func handleProcess(ctx context.Context, e *env, id string) error {
 func handlePipeline(ctx context.Context, e *env, id string) error {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(e.claimSQL, consumer, id)
+	b.Queue(e.claimSQL, consumer, id, pgdedup.Key(consumer, id))
 	br := e.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit

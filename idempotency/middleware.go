@@ -132,10 +132,10 @@ type Middleware struct {
 	store  *pgdedup.Store
 	cfg    Config
 	log    *slog.Logger
-	lookup string // $1 consumer, $2 id
+	lookup string // $1 key (pgdedup.Key)
 	// customFingerprint is whether Config.Fingerprint was set, for Docs.
 	customFingerprint bool
-	respond           string // $1 consumer, $2 id, $3 fingerprint, $4 status, $5 headers, $6 body
+	respond           string // $1 key, $2 fingerprint, $3 status, $4 headers, $5 body
 }
 
 // DefaultDocsURL is Config.DocsURL's default: a path on the server itself, so
@@ -194,9 +194,9 @@ func New(db DB, cfg Config) (*Middleware, error) {
 	return &Middleware{
 		db: db, store: store, cfg: cfg, log: log, customFingerprint: customFingerprint,
 		lookup: `SELECT request_fingerprint, response_status, response_headers, response_body FROM ` + t +
-			` WHERE consumer = $1 AND message_id = $2`,
-		respond: `UPDATE ` + t + ` SET request_fingerprint = $3, response_status = $4, response_headers = $5, response_body = $6` +
-			` WHERE consumer = $1 AND message_id = $2`,
+			` WHERE key = $1::uuid`,
+		respond: `UPDATE ` + t + ` SET request_fingerprint = $2, response_status = $3, response_headers = $4, response_body = $5` +
+			` WHERE key = $1::uuid`,
 	}, nil
 }
 

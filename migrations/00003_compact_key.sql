@@ -1,0 +1,227 @@
+-- pgdedup: a compact primary key for big tables.
+--
+-- The primary key becomes key uuid, the first 16 bytes of
+-- SHA-256(consumer || 0x00 || message_id): 16 bytes an entry instead of the
+-- consumer and the whole ID, so the index that every claim writes to is about
+-- half the size, and each checkpoint cycle dirties fewer of its pages (fewer
+-- full-page images in the WAL). consumer and message_id stay as plain columns.
+-- Measured side by side: docs/operations.md (sizing) and BENCHMARKS.md.
+--
+-- The migration upgrades a populated table in place, while services (old or
+-- new code) keep claiming: nothing below holds a lock that blocks claims for
+-- more than one short catalog change, and each of those gives up after 200 ms
+-- and retries rather than queue claims behind a long transaction. Each step is
+-- idempotent, so a migration interrupted anywhere can be run again.
+--
+--   1. pgdedup_key(consumer, message_id), the key as SQL computes it (the same
+--      as pgdedup.Key in Go), for operators, raw SQL and triggers.
+--   2. One short lock: the nullable column key (a catalog change, no rewrite),
+--      a NOT VALID check that it is set, and an insert trigger that fills it
+--      when an insert leaves it NULL (code that predates this migration, raw
+--      SQL). The trigger stays: its WHEN clause costs nothing when key is given.
+--   3. Backfill of the existing rows, 5,000 per transaction, in the order of the
+--      old primary key; a redelivered old ID waits at most for one batch.
+--   4. VALIDATE the check (a scan that blocks no writes), and build the unique
+--      index on key CONCURRENTLY.
+--   5. One short lock: the index becomes the primary key in place of
+--      (consumer, message_id), whose index is dropped; the check is dropped.
+--
+-- Uniqueness is exact throughout: key is a function of (consumer, message_id),
+-- and one of the two unique indexes is the primary key at every instant.
+
+-- +goose NO TRANSACTION
+-- +goose Up
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgdedup_key(consumer text, message_id text) RETURNS uuid
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+SELECT encode(substring(sha256(convert_to(consumer, 'UTF8') || decode('00', 'hex') || convert_to(message_id, 'UTF8')) FROM 1 FOR 16), 'hex')::uuid
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+-- The trigger function does not call pgdedup_key: the search_path of the
+-- session that inserts may not include this schema. Only pg_catalog is used.
+CREATE OR REPLACE FUNCTION pgdedup_fill_key() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    NEW.key := encode(substring(sha256(convert_to(NEW.consumer, 'UTF8') || decode('00', 'hex') || convert_to(NEW.message_id, 'UTF8')) FROM 1 FOR 16), 'hex')::uuid;
+    RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    LOOP
+        BEGIN
+            ALTER TABLE processed_messages ADD COLUMN IF NOT EXISTS key uuid;
+            IF NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass
+                           AND (conname = 'processed_messages_key_not_null' OR pg_get_constraintdef(oid) = 'PRIMARY KEY (key)')) THEN
+                ALTER TABLE processed_messages ADD CONSTRAINT processed_messages_key_not_null CHECK (key IS NOT NULL) NOT VALID;
+            END IF;
+            IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'processed_messages'::regclass AND tgname = 'processed_messages_fill_key') THEN
+                CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON processed_messages
+                    FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION pgdedup_fill_key();
+            END IF;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05 + random() * 0.2);
+        END;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+-- Backfill in pages of 5,000 rows in the old primary key's order (an index
+-- range scan on any PostgreSQL), each page its own transaction. Rows inserted
+-- since the trigger exists already have their key.
+DO $$
+DECLARE
+    lo_consumer text;
+    lo_id       text;
+    hi_consumer text;
+    hi_id       text;
+BEGIN
+    IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
+        WHERE conrelid = 'processed_messages'::regclass AND contype = 'p') <> 'PRIMARY KEY (consumer, message_id)' THEN
+        RETURN; -- the primary key is key already: nothing left to fill
+    END IF;
+    SELECT consumer, message_id INTO lo_consumer, lo_id FROM processed_messages ORDER BY consumer, message_id LIMIT 1;
+    WHILE lo_consumer IS NOT NULL LOOP
+        SELECT consumer, message_id INTO hi_consumer, hi_id FROM (
+            SELECT consumer, message_id FROM processed_messages
+            WHERE (consumer, message_id) >= (lo_consumer, lo_id)
+            ORDER BY consumer, message_id LIMIT 5000) AS page
+        ORDER BY consumer DESC, message_id DESC LIMIT 1;
+        UPDATE processed_messages SET key = pgdedup_key(consumer, message_id)
+        WHERE (consumer, message_id) >= (lo_consumer, lo_id) AND (consumer, message_id) <= (hi_consumer, hi_id)
+          AND key IS NULL;
+        COMMIT;
+        lo_consumer := NULL;
+        SELECT consumer, message_id INTO lo_consumer, lo_id FROM processed_messages
+        WHERE (consumer, message_id) > (hi_consumer, hi_id) ORDER BY consumer, message_id LIMIT 1;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+-- A scan that takes no lock against writes; afterwards the primary key can be
+-- added without scanning the table under its exclusive lock.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass
+               AND conname = 'processed_messages_key_not_null' AND NOT convalidated) THEN
+        ALTER TABLE processed_messages VALIDATE CONSTRAINT processed_messages_key_not_null;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+-- A CREATE INDEX CONCURRENTLY interrupted by a failure leaves an invalid index
+-- behind; drop it so that the next statement builds it again.
+DO $$
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    LOOP
+        BEGIN
+            IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('processed_messages_key_new') AND NOT indisvalid) THEN
+                DROP INDEX processed_messages_key_new;
+            END IF;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05 + random() * 0.2);
+        END;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_messages_key_new ON processed_messages (key);
+
+-- +goose StatementBegin
+-- The swap: one short exclusive lock, no scan (the validated check proves key
+-- is never NULL). If this migration is run again after the swap, the index just
+-- built again is redundant and is dropped here instead.
+DO $$
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    LOOP
+        BEGIN
+            IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
+                WHERE conrelid = 'processed_messages'::regclass AND contype = 'p') = 'PRIMARY KEY (consumer, message_id)' THEN
+                ALTER TABLE processed_messages
+                    DROP CONSTRAINT processed_messages_pkey,
+                    ADD CONSTRAINT processed_messages_pkey PRIMARY KEY USING INDEX processed_messages_key_new,
+                    DROP CONSTRAINT processed_messages_key_not_null;
+            ELSIF to_regclass('processed_messages_key_new') IS NOT NULL THEN
+                DROP INDEX processed_messages_key_new;
+            END IF;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05 + random() * 0.2);
+        END;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose Down
+-- The reverse, just as online: the unique index on (consumer, message_id) is
+-- built concurrently, then becomes the primary key again in one short lock,
+-- and key, its trigger and functions are dropped. Code that writes key must be
+-- gone before this runs.
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    LOOP
+        BEGIN
+            IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('processed_messages_id_new') AND NOT indisvalid) THEN
+                DROP INDEX processed_messages_id_new;
+            END IF;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05 + random() * 0.2);
+        END;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_messages_id_new ON processed_messages (consumer, message_id);
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    LOOP
+        BEGIN
+            IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
+                WHERE conrelid = 'processed_messages'::regclass AND contype = 'p') = 'PRIMARY KEY (key)' THEN
+                ALTER TABLE processed_messages
+                    DROP CONSTRAINT processed_messages_pkey,
+                    ADD CONSTRAINT processed_messages_pkey PRIMARY KEY USING INDEX processed_messages_id_new;
+            ELSIF to_regclass('processed_messages_id_new') IS NOT NULL THEN
+                DROP INDEX processed_messages_id_new;
+            END IF;
+            DROP TRIGGER IF EXISTS processed_messages_fill_key ON processed_messages;
+            ALTER TABLE processed_messages DROP COLUMN IF EXISTS key;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05 + random() * 0.2);
+        END;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+DROP FUNCTION IF EXISTS pgdedup_fill_key();
+DROP FUNCTION IF EXISTS pgdedup_key(text, text);
