@@ -128,10 +128,10 @@ type Config struct {
 
 // Middleware makes handlers idempotent per key. It is safe for concurrent use.
 type Middleware struct {
-	db     DB
-	store  *pgdedup.Store
-	cfg    Config
-	log    *slog.Logger
+	db    DB
+	store *pgdedup.Store
+	cfg   Config
+	log   *slog.Logger
 	// Both name message_id besides the key, which costs nothing (the key
 	// finds the row) and lets Citus route them to one shard whichever of the
 	// two the table is distributed by (docs/citus.md).

@@ -34,20 +34,25 @@ type Colocated struct {
 // consumers start, and then Colocate's for the business tables. They are plain
 // SQL, for --sql.
 //
-// Citus runs no triggers on distributed tables: the insert trigger of
-// migration 00003, which fills key for writers that predate it, is dropped
-// first. Every Store of this version passes the key itself.
+// The insert trigger of migration 00003 fills key for writers that predate
+// it (and for raw SQL that leaves key out). By message_id it is kept:
+// citus.enable_unsafe_triggers lets Citus create it on every shard, where it
+// computes the row's key from the row alone. By key it is dropped: Citus
+// routes an insert by its key before any trigger could fill it, so every
+// writer must pass the key (every Store does).
 func Dedup(table, column string, shards int) ([]string, error) {
 	if column != "message_id" && column != "key" {
 		return nil, fmt.Errorf("cannot distribute by %q: want message_id or key", column)
 	}
 	lit := quoteLiteral(table)
-	stmts := []string{fmt.Sprintf("DROP TRIGGER IF EXISTS processed_messages_fill_key ON %s;", table)}
-	if column == "message_id" {
+	var stmts []string
+	if column == "key" {
+		stmts = append(stmts, fmt.Sprintf("DROP TRIGGER IF EXISTS processed_messages_fill_key ON %s;", table))
+	} else {
 		// The primary key must contain the distribution column: (key) becomes
 		// (message_id, key). A table still keyed by (consumer, message_id)
 		// contains it already.
-		stmts = append(stmts, fmt.Sprintf(`DO $$
+		stmts = append(stmts, "SET LOCAL citus.enable_unsafe_triggers = on;", fmt.Sprintf(`DO $$
 DECLARE pk name;
 BEGIN
     SELECT conname INTO pk FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'

@@ -24,9 +24,10 @@ optionally business tables co-located with it, in one transaction:
   SELECT create_distributed_table('processed_messages', 'message_id');
   SELECT create_distributed_table('charges', 'message_id', colocate_with => 'processed_messages');
 
-(By message_id, the primary key (key) first becomes (message_id, key), since
-Citus wants the distribution column in it; the insert trigger that fills key
-for writers older than migration 00003 is dropped: Citus runs no triggers.)
+By message_id, the primary key (key) first becomes (message_id, key), since
+Citus wants the distribution column in the primary key, and the trigger that
+fills key for writers older than migration 00003 is kept, on every shard. By
+key, that trigger is dropped: every writer must pass the key (Stores do).
 
 A business table co-located with the dedup table keeps a message's claim and its
 business rows on one shard: the transaction is routed to one worker and
