@@ -32,6 +32,7 @@ type config struct {
 	databaseURL     string
 	citusURL        string
 	citusShards     int
+	citusColumn     string
 	redisAddr       string
 	workers         []int
 	rounds          int
@@ -44,7 +45,8 @@ type config struct {
 	out             string
 	cpuProfile      string
 
-	soak soakConfig // -only soak
+	soak   soakConfig   // -only soak
+	growth growthConfig // -only growth
 
 	accountMessages int // messages per repetition when counting round trips and WAL
 	accountReps     int // repetitions; the WAL figure is the smallest
@@ -54,8 +56,9 @@ type config struct {
 var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
 
 // optionalParts run only when -only names them: the soak takes minutes and
-// starts a cluster of its own; citus needs a Citus cluster (-citus-url).
-var optionalParts = []string{"soak", "citus"}
+// starts a cluster of its own; citus needs a Citus cluster (-citus-url);
+// growth loads a table of millions of rows.
+var optionalParts = []string{"soak", "citus", "growth"}
 
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
@@ -67,6 +70,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		"Postgres to measure (default $DATABASE_URL, else the docker-compose database)")
 	fs.StringVar(&c.citusURL, "citus-url", cmp.Or(os.Getenv("CITUS_URL"), "postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable"),
 		"Citus coordinator for -only citus (default $CITUS_URL, else the test cluster of .ci/citus.sh)")
+	fs.StringVar(&c.citusColumn, "citus-column", "message_id", "for -only citus: the distribution column of processed_messages and the ledger, message_id or key")
 	fs.IntVar(&c.citusShards, "citus-shards", 0, "shards per table for -only citus (0: the cluster's citus.shard_count, 32 by default)")
 	fs.StringVar(&c.redisAddr, "redis", cmp.Or(os.Getenv("REDIS_ADDR"), "127.0.0.1:6379"), "Redis address for the SET NX recipe (default $REDIS_ADDR)")
 	workers := fs.String("workers", "1,8", "comma-separated worker counts (concurrent messages)")
@@ -85,6 +89,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.soak.cleanEach, "soak-clean-every", 3*time.Second, "soak: RunCleaner's interval")
 	fs.IntVar(&c.soak.workers, "soak-workers", 4, "soak: concurrent Process calls")
 	fs.DurationVar(&c.soak.naptime, "soak-naptime", time.Second, "soak: autovacuum_naptime of the soak's cluster")
+	fs.IntVar(&c.growth.rows, "growth-rows", 20_000_000, "growth: rows of the big table")
+	versions := fs.String("growth-versions", "2,3", "growth: schema versions to measure (2: before migration 00003, 3: now)")
+	fs.BoolVar(&c.growth.keep, "growth-keep", false, "growth: keep the big tables (schema pgdedup_growth_v<version>_<rows>) and reuse them next time")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -113,8 +120,20 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-round must be at least 10ms")
 	case c.delay < 0:
 		return c, errors.New("-delay must not be negative")
+	case c.citusColumn != "message_id" && c.citusColumn != "key":
+		return c, fmt.Errorf("-citus-column must be message_id or key, got %q", c.citusColumn)
 	case c.cleanupRows < 1 || c.cleanupBaseline <= 0 || c.cleanupBatch < 0:
 		return c, errors.New("-cleanup-rows and -cleanup-baseline must be positive, -cleanup-batch not negative")
+	}
+	for _, v := range strings.Split(*versions, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 2 || n > 3 {
+			return c, fmt.Errorf("-growth-versions: %q is not 2 or 3", v)
+		}
+		c.growth.versions = append(c.growth.versions, n)
+	}
+	if c.growth.rows < 1 {
+		return c, errors.New("-growth-rows must be positive")
 	}
 	if c.runs("soak") {
 		c.soak.sampleEvery = max(5*time.Second, c.soak.duration/30)

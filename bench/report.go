@@ -21,6 +21,7 @@ type report struct {
 	batches   map[int]map[batchCase]series
 	cleanup   *cleanupResult
 	citus     *citusResult
+	growth    *growthReport
 }
 
 func (r *report) markdown() string {
@@ -93,6 +94,9 @@ func (r *report) markdown() string {
 	}
 	if r.citus != nil {
 		p("%s", r.citus.markdown(r.cfg))
+	}
+	if r.growth != nil {
+		p("%s", r.growth.markdown(r.cfg.workers, r.cfg.rounds, r.cfg.round))
 	}
 	if ts := r.targets(); len(ts) > 0 {
 		p("\n### Targets\n\n| target | goal | measured | met |\n|---|--:|--:|---|\n")

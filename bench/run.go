@@ -70,6 +70,11 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 			return err
 		}
 	}
+	if cfg.runs("growth") {
+		if rep.growth, err = b.runGrowth(ctx, prog); err != nil {
+			return err
+		}
+	}
 	rep.loadAfter = loadAverage()
 	rep.took = time.Since(rep.start)
 	if err := write(cfg, stdout, rep.markdown()); err != nil {
@@ -150,6 +155,10 @@ func plannedSteps(cfg config) int {
 	}
 	if cfg.runs("cleanup") {
 		n += 3
+	}
+	if cfg.runs("growth") {
+		tables := 2 * len(cfg.growth.versions)
+		n += tables + len(cfg.workers)*(cfg.rounds+1)*len(growthScenarios)*tables
 	}
 	if cfg.runs("citus") {
 		n += len(cfg.workers)*(cfg.rounds+1)*len(citusScenarios) + 4

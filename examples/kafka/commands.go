@@ -37,6 +37,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.HandlerDelay, "handler-delay", 0, "simulated work in each batch's transaction")
 	fs.DurationVar(&cfg.SessionTimeout, "session-timeout", 45*time.Second, "Kafka group session timeout")
 	fs.DurationVar(&cfg.RebalanceTimeout, "rebalance-timeout", time.Minute, "how long a rebalance waits for members to rejoin")
+	fs.Float64Var(&cfg.FailRate, "fail-rate", 0, "share of batches whose handler fails after charging (rolled back, fetched again)")
 	fs.BoolVar(&cfg.Rewind, "rewind", false, "ignore the database's offsets and read every assigned partition from the start (to watch the offset check skip)")
 	level := fs.String("log-level", "info", "debug logs every batch's outcome")
 	if err := parse(fs, args, stderr); err != nil {
@@ -54,6 +55,8 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("-max-poll-records must be at least 1, got %d", cfg.MaxPollRecords)
 	case cfg.SessionTimeout < 100*time.Millisecond:
 		return fmt.Errorf("-session-timeout must be at least 100ms, got %s", cfg.SessionTimeout)
+	case cfg.FailRate < 0 || cfg.FailRate > 0.9:
+		return fmt.Errorf("-fail-rate must be between 0 and 0.9, got %g", cfg.FailRate)
 	case cfg.RebalanceTimeout < time.Second:
 		return fmt.Errorf("-rebalance-timeout must be at least 1s, got %s", cfg.RebalanceTimeout)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ type consumerConfig struct {
 	SessionTimeout   time.Duration // Kafka group session timeout: how soon a dead consumer's partitions move
 	RebalanceTimeout time.Duration // how long a rebalance waits for members to rejoin
 	Rewind           bool          // ignore the database's offsets and read every assigned partition from the start
+	FailRate         float64       // share of batches whose handler fails after charging (a payment service error, say)
 	Log              *slog.Logger
 	ClientOpts       []kgo.Opt // extra franz-go options (TLS, SASL) for a real cluster
 }
@@ -41,11 +43,15 @@ type consumer struct {
 	cfg   consumerConfig
 	store *pgdedup.Store
 	cl    *kgo.Client
+	ready chan struct{} // closed once cl is set: franz-go may call resume before NewClient returns
 	stats stats
 
 	mu          sync.Mutex
 	generations map[string]map[int32]int64 // the group generation each partition was assigned in: its fencing token
 }
+
+// errPaymentService is the failure -fail-rate simulates.
+var errPaymentService = errors.New("payment service unavailable (simulated)")
 
 // consume runs a consumer until ctx is cancelled (SIGTERM). It finishes the
 // batches it is processing, then leaves the group.
@@ -60,13 +66,17 @@ func consume(ctx context.Context, cfg consumerConfig) error {
 	}
 	defer pool.Close()
 	if err := migrate(ctx, pool); err != nil {
+		if ctx.Err() != nil { // SIGTERM while starting: nothing was consumed
+			cfg.Log.Info("stopped while starting")
+			return nil
+		}
 		return err
 	}
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: cfg.Group, LockTimeout: cfg.LockTimeout, Logger: cfg.Log})
 	if err != nil {
 		return err
 	}
-	c := &consumer{cfg: cfg, store: store, generations: map[string]map[int32]int64{}}
+	c := &consumer{cfg: cfg, store: store, ready: make(chan struct{}), generations: map[string]map[int32]int64{}}
 
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
@@ -99,6 +109,7 @@ func consume(ctx context.Context, cfg consumerConfig) error {
 		return fmt.Errorf("kafka client: %w", err)
 	}
 	c.cl = cl
+	close(c.ready)
 	defer cl.Close()
 	cfg.Log.Info("consuming", "topic", cfg.Topic, "group", cfg.Group, "brokers", cfg.Brokers, "rewind", cfg.Rewind)
 
@@ -122,6 +133,11 @@ func consume(ctx context.Context, cfg consumerConfig) error {
 // looks up the database's offset, seeks there, and notes the generation the
 // partition was assigned in, the fencing token of its claims.
 func (c *consumer) resume(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	_, gen := c.cl.GroupMetadata()
 	assigned := map[string][]int32{}
 	for topic, parts := range offsets {
@@ -230,6 +246,9 @@ func (c *consumer) handle(ctx context.Context, topic string, partition int32, re
 			return err
 		}
 		time.Sleep(c.cfg.HandlerDelay) // the call to the payment service, say
+		if c.cfg.FailRate > 0 && rand.Float64() < c.cfg.FailRate {
+			return errPaymentService
+		}
 		return nil
 	})
 	outcome := "processed"
