@@ -14,8 +14,9 @@ import (
 const MaxMessageIDLen = 1024
 
 // ValidateMessageID returns nil if id can be recorded, or an error wrapping
-// [ErrInvalidMessageID] that says why not. [Store.Process] and [Store.Claim] call it before any
-// round trip; it is exported for consumers that want to reject a message early.
+// [ErrInvalidMessageID] that says why not. [Store.Process] and [Store.Claim]
+// call it before any round trip; it is exported for consumers that want to
+// reject a message early.
 func ValidateMessageID(id string) error {
 	if err := idProblem(id); err != nil {
 		return fmt.Errorf("%w: %s", ErrInvalidMessageID, err)

@@ -34,13 +34,14 @@ type Config struct {
 	// Table is the dedup table, optionally schema-qualified ("ops.processed_messages").
 	// Each part must be a plain identifier (letters, digits, _ and $, not starting
 	// with a digit, at most 63 bytes); it is quoted, so case is kept.
-	// Defaults to "processed_messages", resolved through the search_path.
+	// Defaults to [DefaultTable], "processed_messages", resolved through the
+	// search_path.
 	Table string
 
 	// Retention is how long an ID is remembered: expires_at = now() + Retention
 	// at claim time, and [Store.Cleanup] deletes the row after that. It must exceed the
 	// longest time the broker can redeliver a message (take at least twice that).
-	// Defaults to 48h.
+	// Defaults to [DefaultRetention], 48h.
 	Retention time.Duration
 
 	// LockTimeout bounds how long a delivery waits for another transaction that
@@ -51,10 +52,10 @@ type Config struct {
 	// Defaults to 0.
 	LockTimeout time.Duration
 
-	// MaxAttempts is how many times [Store.Process] and [Store.ProcessBatch] try a message when
-	// an attempt fails transiently (serialization failure 40001, deadlock 40P01,
-	// a lost connection, including during COMMIT). Defaults to 3; 1 disables
-	// retries.
+	// MaxAttempts is how many times [Store.Process] and [Store.ProcessBatch]
+	// try a message when an attempt fails transiently (serialization failure
+	// 40001, deadlock 40P01, a lost connection, including during COMMIT).
+	// Defaults to [DefaultMaxAttempts], 3; 1 disables retries.
 	MaxAttempts int
 
 	// TxOptions are the options of the transactions [Store.Process] and [Store.ProcessBatch]
@@ -73,7 +74,7 @@ type Config struct {
 	OnEvent func(ctx context.Context, e Event)
 
 	// CleanupBatchSize is how many expired rows one [Store.Cleanup] transaction deletes
-	// at most. Defaults to 10,000.
+	// at most. Defaults to [DefaultCleanupBatchSize], 10,000.
 	CleanupBatchSize int
 
 	// OffsetTable is the table of last processed offsets used by

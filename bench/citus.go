@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/citusdist"
 )
 
 // The citus part (-only citus; -cleanup-rows 200000 keeps its seeding short)
@@ -114,15 +115,16 @@ WHERE shouldhaveshards AND noderole = 'primary' ORDER BY nodeid LIMIT 1`).Scan(&
 		return nil, err
 	}
 
+	const ledger = `INSERT INTO ledger (message_id, key, amount) VALUES ($1, $2::uuid, 100)`
 	handlers := map[string]func(ctx context.Context, id string) error{
 		"via-worker": func(ctx context.Context, id string) error {
-			return processOne(ctx, workerStore, id, `INSERT INTO ledger (message_id, amount) VALUES ($1, 100)`)
+			return processOne(ctx, workerStore, id, ledger)
 		},
 		"plain": func(ctx context.Context, id string) error {
-			return processOne(ctx, plain.store, id, `INSERT INTO ledger (message_id, amount) VALUES ($1, 100)`)
+			return processOne(ctx, plain.store, id, ledger)
 		},
 		"colocated": func(ctx context.Context, id string) error {
-			return processOne(ctx, cit.store, id, `INSERT INTO ledger (message_id, amount) VALUES ($1, 100)`)
+			return processOne(ctx, cit.store, id, ledger)
 		},
 		"2pc": func(ctx context.Context, id string) error {
 			return processOne(ctx, cit.store, id, `INSERT INTO ledger_elsewhere (order_id, message_id, amount) VALUES ('order-' || $1, $1, 100)`)
@@ -205,24 +207,35 @@ func (b *bench) citusSide(ctx context.Context, url string, conns int, distribute
 	db := stdlib.OpenDBFromPool(s.pool)
 	err = pgdedup.Migrate(ctx, db)
 	db.Close()
+	// The ledger row carries the message ID and its key (pgdedup.Key), and is
+	// co-located with its claim by whichever the dedup table is distributed by.
+	column := b.cfg.citusColumn
+	if !distribute {
+		column = "message_id"
+	}
 	stmts := []string{
-		`CREATE TABLE ledger (message_id text PRIMARY KEY, amount bigint NOT NULL)`,
+		`CREATE TABLE ledger (message_id text NOT NULL, key uuid NOT NULL, amount bigint NOT NULL, PRIMARY KEY (` + column + `))`,
 		`CREATE TABLE ledger_elsewhere (order_id text PRIMARY KEY, message_id text NOT NULL, amount bigint NOT NULL)`,
 	}
-	if distribute && b.cfg.citusShards > 0 {
-		stmts = append(stmts, fmt.Sprintf("SET citus.shard_count = %d", b.cfg.citusShards))
-	}
 	if distribute {
-		stmts = append(stmts,
-			`SELECT create_distributed_table('processed_messages', 'message_id')`,
-			`SELECT create_distributed_table('ledger', 'message_id', colocate_with => 'processed_messages')`,
-			`SELECT create_distributed_table('ledger_elsewhere', 'order_id', colocate_with => 'processed_messages')`)
-	}
-	for _, q := range stmts {
-		if err != nil {
-			break
+		dedup, derr := citusdist.Dedup(`"processed_messages"`, column, b.cfg.citusShards)
+		if derr != nil {
+			err = derr
 		}
-		_, err = s.pool.Exec(ctx, q)
+		stmts = append(stmts, dedup...)
+		stmts = append(stmts,
+			citusdist.Colocate(`"processed_messages"`, citusdist.Colocated{Table: "ledger", Column: column}),
+			`SELECT create_distributed_table('ledger_elsewhere', 'order_id')`)
+	}
+	if err == nil {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			for _, q := range stmts {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					return fmt.Errorf("%s: %w", q, err)
+				}
+			}
+			return nil
+		})
 	}
 	if err == nil {
 		s.store, err = pgdedup.New(s.pool, pgdedup.Config{Consumer: consumer, Retention: retention})
@@ -270,10 +283,15 @@ func (s *citusSide) close() {
 	}
 }
 
-// processOne processes a new message id whose business write is sql ($1 the ID).
+// processOne processes a new message id whose business write is sql ($1 the
+// ID, and $2 its key if sql uses it).
 func processOne(ctx context.Context, store *pgdedup.Store, id, sql string) error {
 	processed, err := store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, sql, id)
+		args := []any{id}
+		if strings.Contains(sql, "$2") {
+			args = append(args, pgdedup.Key(consumer, id))
+		}
+		_, err := tx.Exec(ctx, sql, args...)
 		return err
 	})
 	if err == nil && !processed {
@@ -284,8 +302,8 @@ func processOne(ctx context.Context, store *pgdedup.Store, id, sql string) error
 
 // unnestBatch is the batch claim pgdedup sent on every server before it
 // looked for Citus.
-const unnestBatch = `INSERT INTO processed_messages (consumer, message_id, expires_at)
-SELECT $1, id, now() + interval '48 hours' FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) ORDER BY n
+const unnestBatch = `INSERT INTO processed_messages (key, consumer, message_id, expires_at)
+SELECT k, $1, id, now() + interval '48 hours' FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n) ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING message_id`
 
@@ -303,7 +321,11 @@ func claimBatches(ctx context.Context, name string, s *citusSide, sql string) ci
 		t0 := time.Now()
 		err := pgx.BeginFunc(ctx, s.single, func(tx pgx.Tx) error {
 			if sql != "" {
-				rows, _ := tx.Query(ctx, sql, consumer, ids)
+				keys := make([]string, len(ids))
+				for i, id := range ids {
+					keys[i] = pgdedup.Key(consumer, id)
+				}
+				rows, _ := tx.Query(ctx, sql, consumer, ids, keys)
 				n := 0
 				var id string
 				_, err := pgx.ForEachRow(rows, []any{&id}, func() error { n++; return nil })
@@ -348,8 +370,8 @@ func runCitusCleanup(ctx context.Context, name string, s *citusSide, sql string,
 		out.err = err
 		return out
 	}
-	_, err := s.pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
-SELECT 'cleanup', 'c-' || g, now() - interval '2 days', now() - interval '1 hour' + g * (interval '1 hour' / $1::int)
+	_, err := s.pool.Exec(ctx, `INSERT INTO processed_messages (key, consumer, message_id, processed_at, expires_at)
+SELECT pgdedup_key('cleanup', 'c-' || g), 'cleanup', 'c-' || g, now() - interval '2 days', now() - interval '1 hour' + g * (interval '1 hour' / $1::int)
 FROM generate_series(1, $1::int) g`, rows)
 	if err == nil {
 		_, err = s.pool.Exec(ctx, `ANALYZE processed_messages`)
@@ -389,7 +411,7 @@ FROM generate_series(1, $1::int) g`, rows)
 func (c *citusResult) markdown(cfg config) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	p("\n### Citus (%s: coordinator %s, workers %s; %d shards per table)\n\n", c.version, hostPort(cfg.citusURL), c.nodes, c.shards)
+	p("\n### Citus (%s: coordinator %s, workers %s; %d shards per table, distributed by %s)\n\n", c.version, hostPort(cfg.citusURL), c.nodes, c.shards, cfg.citusColumn)
 	p("Process of new messages with one business row, interleaved rounds; ratio to the plain server in the same round.\n\n")
 	p("| scenario |")
 	for _, w := range cfg.workers {

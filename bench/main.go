@@ -32,6 +32,7 @@ type config struct {
 	databaseURL     string
 	citusURL        string
 	citusShards     int
+	citusColumn     string
 	redisAddr       string
 	workers         []int
 	rounds          int
@@ -69,6 +70,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		"Postgres to measure (default $DATABASE_URL, else the docker-compose database)")
 	fs.StringVar(&c.citusURL, "citus-url", cmp.Or(os.Getenv("CITUS_URL"), "postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable"),
 		"Citus coordinator for -only citus (default $CITUS_URL, else the test cluster of .ci/citus.sh)")
+	fs.StringVar(&c.citusColumn, "citus-column", "message_id", "for -only citus: the distribution column of processed_messages and the ledger, message_id or key")
 	fs.IntVar(&c.citusShards, "citus-shards", 0, "shards per table for -only citus (0: the cluster's citus.shard_count, 32 by default)")
 	fs.StringVar(&c.redisAddr, "redis", cmp.Or(os.Getenv("REDIS_ADDR"), "127.0.0.1:6379"), "Redis address for the SET NX recipe (default $REDIS_ADDR)")
 	workers := fs.String("workers", "1,8", "comma-separated worker counts (concurrent messages)")
@@ -119,6 +121,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-round must be at least 10ms")
 	case c.delay < 0:
 		return c, errors.New("-delay must not be negative")
+	case c.citusColumn != "message_id" && c.citusColumn != "key":
+		return c, fmt.Errorf("-citus-column must be message_id or key, got %q", c.citusColumn)
 	case c.cleanupRows < 1 || c.cleanupBaseline <= 0 || c.cleanupBatch < 0:
 		return c, errors.New("-cleanup-rows and -cleanup-baseline must be positive, -cleanup-batch not negative")
 	}

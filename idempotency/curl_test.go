@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -179,5 +180,38 @@ func TestCurlKeyForms(t *testing.T) {
 	}
 	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 2 {
 		t.Fatalf("%d orders, want 2: one per key", n)
+	}
+}
+
+// The conformance table of docs/http-and-sql.md names the tests that show each
+// requirement met: they must exist.
+func TestDocsNameExistingTests(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/http-and-sql.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sources strings.Builder
+	for _, dir := range []string{".", ".."} {
+		files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sources.Write(b)
+		}
+	}
+	names := regexp.MustCompile("`(Test[A-Za-z0-9_]+)`").FindAllSubmatch(doc, -1)
+	if len(names) < 10 {
+		t.Fatalf("found %d test names in the docs", len(names))
+	}
+	for _, m := range names {
+		if !strings.Contains(sources.String(), "func "+string(m[1])+"(") {
+			t.Errorf("docs/http-and-sql.md names %s, which no test file of idempotency/ or the root package defines", m[1])
+		}
 	}
 }

@@ -128,14 +128,17 @@ type Config struct {
 
 // Middleware makes handlers idempotent per key. It is safe for concurrent use.
 type Middleware struct {
-	db     DB
-	store  *pgdedup.Store
-	cfg    Config
-	log    *slog.Logger
-	lookup string // $1 key (pgdedup.Key)
+	db    DB
+	store *pgdedup.Store
+	cfg   Config
+	log   *slog.Logger
+	// Both name message_id besides the key, which costs nothing (the key
+	// finds the row) and lets Citus route them to one shard whichever of the
+	// two the table is distributed by (docs/citus.md).
+	lookup string // $1 key (pgdedup.Key), $2 id
 	// customFingerprint is whether Config.Fingerprint was set, for Docs.
 	customFingerprint bool
-	respond           string // $1 key, $2 fingerprint, $3 status, $4 headers, $5 body
+	respond           string // $1 key, $2 fingerprint, $3 status, $4 headers, $5 body, $6 id
 }
 
 // DefaultDocsURL is Config.DocsURL's default: a path on the server itself, so
@@ -194,9 +197,9 @@ func New(db DB, cfg Config) (*Middleware, error) {
 	return &Middleware{
 		db: db, store: store, cfg: cfg, log: log, customFingerprint: customFingerprint,
 		lookup: `SELECT request_fingerprint, response_status, response_headers, response_body FROM ` + t +
-			` WHERE key = $1::uuid`,
+			` WHERE key = $1::uuid AND message_id = $2`,
 		respond: `UPDATE ` + t + ` SET request_fingerprint = $2, response_status = $3, response_headers = $4, response_body = $5` +
-			` WHERE key = $1::uuid`,
+			` WHERE key = $1::uuid AND message_id = $6`,
 	}, nil
 }
 

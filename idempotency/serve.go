@@ -143,7 +143,7 @@ func (m *Middleware) process(r *http.Request, next http.Handler, id string, fp, 
 		if err != nil {
 			return fmt.Errorf("idempotency: store response: %w", err)
 		}
-		_, err = tx.Exec(ctx, m.respond, pgdedup.Key(m.store.Consumer(), id), fp, stored.status, string(headers), stored.body)
+		_, err = tx.Exec(ctx, m.respond, pgdedup.Key(m.store.Consumer(), id), fp, stored.status, string(headers), stored.body, id)
 		if err != nil {
 			return fmt.Errorf("idempotency: store response: %w", err)
 		}
@@ -182,7 +182,7 @@ func (m *Middleware) load(ctx context.Context, id string) (resp *response, found
 	var status *int
 	var body []byte
 	resp = &response{}
-	err = m.db.QueryRow(ctx, m.lookup, pgdedup.Key(m.store.Consumer(), id)).Scan(&resp.fingerprint, &status, &resp.header, &body)
+	err = m.db.QueryRow(ctx, m.lookup, pgdedup.Key(m.store.Consumer(), id), id).Scan(&resp.fingerprint, &status, &resp.header, &body)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}

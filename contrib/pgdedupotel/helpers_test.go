@@ -17,7 +17,7 @@ import (
 func setup(t *testing.T, cfg pgdedup.Config) (*pgxpool.Pool, *pgdedup.Store) {
 	t.Helper()
 	db := pgtest.New(t)
-	mustExec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+	pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
 	store, err := pgdedup.New(db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -29,22 +29,6 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
-	t.Helper()
-	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
-func count(t *testing.T, pool *pgxpool.Pool, sql string) int64 {
-	t.Helper()
-	var n int64
-	if err := pool.QueryRow(context.Background(), sql).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
 }
 
 // charge is the business write: one charges row per order.
@@ -71,20 +55,4 @@ func failOnce(fn func(context.Context, pgx.Tx) error) func(context.Context, pgx.
 		}
 		return fn(ctx, tx)
 	}
-}
-
-// holdClaim claims id in a transaction left open, as a first delivery still
-// being processed; the test ends it.
-func holdClaim(t *testing.T, pool *pgxpool.Pool, store *pgdedup.Store, id string) pgx.Tx {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	if ok, err := store.Claim(ctx, tx, id); err != nil || !ok {
-		t.Fatalf("hold claim of %s: %v, %v", id, ok, err)
-	}
-	return tx
 }

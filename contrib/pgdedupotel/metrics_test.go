@@ -56,7 +56,7 @@ func TestOnEventCountsWhatHappened(t *testing.T) {
 	if _, err := store.Process(ctx, "bad", func(context.Context, pgx.Tx) error { return errors.New("card declined") }); err == nil {
 		t.Fatal("want fn's error")
 	}
-	held := holdClaim(t, pool, store, "h")
+	held := pgtest.HoldClaim(t, pool, store, "h")
 	if _, err := store.Process(ctx, "h", charge("h")); !errors.Is(err, pgdedup.ErrInFlight) { // in_flight 1
 		t.Fatalf("in flight: %v", err)
 	}
@@ -66,7 +66,7 @@ func TestOnEventCountsWhatHappened(t *testing.T) {
 	if err := held.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, pool, `INSERT INTO processed_messages (consumer, message_id, expires_at)
+	pgtest.Exec(t, pool, `INSERT INTO processed_messages (consumer, message_id, expires_at)
 SELECT 'emails', 'old-' || g, now() - interval '1 minute' FROM generate_series(1, 5) g`)
 	deleted, err := store.Cleanup(ctx)
 	if err != nil || deleted != 5 {
@@ -74,8 +74,8 @@ SELECT 'emails', 'old-' || g, now() - interval '1 minute' FROM generate_series(1
 	}
 
 	got := collect(t, reader)
-	charges := count(t, pool, `SELECT count(*) FROM charges`)
-	ids := count(t, pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing'`)
+	charges := pgtest.Count(t, pool, `SELECT count(*) FROM charges`)
+	ids := pgtest.Count(t, pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing'`)
 	if charges != 4 || ids != 4 {
 		t.Fatalf("database: %d charges, %d IDs recorded; want a, b, c, r", charges, ids)
 	}
@@ -188,7 +188,7 @@ func TestOnEventCountsCutCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 			db := pgtest.New(t)
-			mustExec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+			pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
 			proxy, proxied := pgtest.NewProxy(t, db.URL, wireproxy.Config{})
 			store, err := pgdedup.New(pgtest.Pool(t, proxied, 2), pgdedup.Config{Consumer: "billing", OnEvent: onEvent})
 			if err != nil {
@@ -198,7 +198,7 @@ func TestOnEventCountsCutCommits(t *testing.T) {
 			if _, err := store.Process(ctxT(t), "a", charge("a")); err != nil {
 				t.Fatal(err)
 			}
-			if n := count(t, db.Pool, `SELECT count(*) FROM charges`); n != 1 {
+			if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`); n != 1 {
 				t.Fatalf("%d charges, want 1", n)
 			}
 			got := collect(t, reader)

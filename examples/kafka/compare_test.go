@@ -16,7 +16,7 @@ func TestCompare(t *testing.T) {
 	url := pgtest.URL(t)
 	db := pgtest.New(t) // only to count schemas
 	schemas := func() int {
-		return count(t, db, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_compare\_%'`)
+		return pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_compare\_%'`)
 	}
 	before := schemas()
 	var out bytes.Buffer

@@ -89,7 +89,7 @@ func TestFailedBatchesAreFetchedAgain(t *testing.T) {
 	wg.Wait()
 
 	checkCharges(t, db, want)
-	if n := count(t, db, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
+	if n := pgtest.Count(t, db.Pool, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
 		t.Errorf("records applied: %d, want each of the %d records once", n, len(recs))
 	}
 	failed := strings.Count(logs.String(), "outcome=failed")

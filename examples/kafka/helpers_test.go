@@ -8,18 +8,9 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-func count(t *testing.T, db *pgtest.DB, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
-
 func countCharged(t *testing.T, db *pgtest.DB) int {
 	t.Helper()
-	return count(t, db, "SELECT count(DISTINCT order_id) FROM charges")
+	return pgtest.Count(t, db.Pool, "SELECT count(DISTINCT order_id) FROM charges")
 }
 
 // checkCharges asserts that charges holds exactly one row per order of want,

@@ -166,20 +166,20 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	elapsed := time.Since(start)
 
 	checkCharges(t, db, want)
-	if n := count(t, db, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
+	if n := pgtest.Count(t, db.Pool, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
 		t.Errorf("records applied: %d, want each of the %d records once", n, len(recs))
 	}
-	if n := count(t, db, "SELECT count(*) FROM processed_offsets WHERE consumer = 'billing'"); n != partitions {
+	if n := pgtest.Count(t, db.Pool, "SELECT count(*) FROM processed_offsets WHERE consumer = 'billing'"); n != partitions {
 		t.Errorf("processed_offsets holds %d rows for billing, want one per partition: %d", n, partitions)
 	}
-	if n := count(t, db, "SELECT count(*) FROM processed_messages"); n != 0 {
+	if n := pgtest.Count(t, db.Pool, "SELECT count(*) FROM processed_messages"); n != 0 {
 		t.Errorf("processed_messages holds %d rows: offsets need none", n)
 	}
 	var total logCounts
 	for _, p := range all {
 		total.add(p.log.counts())
 	}
-	rolledBack := count(t, db, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
+	rolledBack := pgtest.Count(t, db.Pool, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
 	t.Logf("%d records (%d orders, %d produced twice, %d unparseable) on %d partitions in %s; %d consumer processes, %d SIGKILLed, 1 left, 1 paused",
 		len(recs), orders, dups, 3, partitions, elapsed.Round(time.Millisecond), len(all), killed)
 	t.Logf("batches logged %d (%d records): skipped as processed before %d records (%d batches whole), charged %d, produced twice %d, rejected %d; in-flight give-ups %d, fenced %d; assignments %d; charges rolled back by kills %d",

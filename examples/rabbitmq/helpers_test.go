@@ -60,22 +60,14 @@ func testQueue(t *testing.T, amqpURL string, rng *rand.Rand) (*amqp.Channel, str
 
 func countCharged(t *testing.T, db *pgtest.DB) int {
 	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), "SELECT count(DISTINCT order_id) FROM charges").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return pgtest.Count(t, db.Pool, "SELECT count(DISTINCT order_id) FROM charges")
 }
 
 // countRolledBack is how many charge INSERTs were rolled back: sequence values
 // are not given back on rollback, so each leaves a gap in charges.id.
 func countRolledBack(t *testing.T, db *pgtest.DB) int {
 	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), "SELECT coalesce(max(id), 0) - count(*) FROM charges").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return pgtest.Count(t, db.Pool, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
 }
 
 // checkCharges asserts that charges holds exactly one row per order of want,

@@ -146,9 +146,13 @@ current_setting('citus.multi_shard_modify_mode')`).Scan(&lt, &prop, &mode); err 
 		// The worker holding 'busy' waits for the blocker as the caller's
 		// settings say (its own lock_timeout, 0), not 300ms: the blocker
 		// commits after a second, then the insert fails on the primary key.
-		go func() { time.Sleep(time.Second); _ = blocker.Commit(context.Background()) }()
+		committed := make(chan error, 1)
+		go func() { time.Sleep(time.Second); committed <- blocker.Commit(context.Background()) }()
 		start := time.Now()
 		_, err := tx.Exec(ctx, `INSERT INTO charges (message_id, consumer, amount) VALUES ('busy', 'billing', 1)`)
+		if cerr := <-committed; cerr != nil {
+			return cerr
+		}
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "23505" || time.Since(start) < 900*time.Millisecond {
 			t.Errorf("insert waiting on the blocker: %v after %s; want a unique violation after about 1s", err, time.Since(start))

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/citusdist"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -77,17 +78,15 @@ func newSchema(t testing.TB, shards int) *schema {
 	if err := pgdedup.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
+	stmts, err := citusdist.Dedup(`"processed_messages"`, "message_id", shards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts = append(stmts,
+		`CREATE TABLE charges (message_id text PRIMARY KEY, consumer text NOT NULL, amount bigint NOT NULL)`,
+		citusdist.Colocate(`"processed_messages"`, citusdist.Colocated{Table: "charges", Column: "message_id"}))
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if shards > 0 {
-			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL citus.shard_count = %d", shards)); err != nil {
-				return err
-			}
-		}
-		for _, q := range []string{
-			`SELECT create_distributed_table('processed_messages', 'message_id')`,
-			`CREATE TABLE charges (message_id text PRIMARY KEY, consumer text NOT NULL, amount bigint NOT NULL)`,
-			`SELECT create_distributed_table('charges', 'message_id', colocate_with => 'processed_messages')`,
-		} {
+		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
 				return fmt.Errorf("%s: %w", q, err)
 			}

@@ -12,9 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/citusdist"
 )
 
-const citusHelp = `Usage: pgdedup citus distribute [--colocate TABLE:COLUMN]... [flags]
+const citusHelp = `Usage: pgdedup citus distribute [--by message_id|key] [--colocate TABLE:COLUMN]... [flags]
 
 Distributes the dedup table over a Citus cluster (run it against the
 coordinator, after "pgdedup migrate up" and before consumers start), and
@@ -23,7 +24,12 @@ optionally business tables co-located with it, in one transaction:
   SELECT create_distributed_table('processed_messages', 'message_id');
   SELECT create_distributed_table('charges', 'message_id', colocate_with => 'processed_messages');
 
-A business table co-located on the message ID keeps a message's claim and its
+By message_id, the primary key (key) first becomes (message_id, key), since
+Citus wants the distribution column in the primary key, and the trigger that
+fills key for writers older than migration 00003 is kept, on every shard. By
+key, that trigger is dropped: every writer must pass the key (Stores do).
+
+A business table co-located with the dedup table keeps a message's claim and its
 business rows on one shard: the transaction is routed to one worker and
 commits there, without two-phase commit. Rows already in the tables are moved
 into the shards. Running it again on a table already distributed by the same
@@ -37,10 +43,6 @@ Examples:
   pgdedup citus distribute --sql > 00010_distribute.sql   # for your own migration tool
 `
 
-// citusColumn is the column the dedup table is distributed by: the message ID,
-// so a business table keyed by the message ID can be co-located with it.
-const citusColumn = "message_id"
-
 var plainIdent = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}(\.[A-Za-z_][A-Za-z0-9_$]{0,62})?$`)
 
 func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -49,6 +51,7 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var colocate []string
 	fs.Func("colocate", "also distribute the business `TABLE:COLUMN` by COLUMN (which holds the message ID), co-located with the dedup table; repeatable",
 		func(v string) error { colocate = append(colocate, v); return nil })
+	by := fs.String("by", "message_id", "the dedup table's distribution `COLUMN`: message_id (business rows keyed by the message ID co-locate) or key (business rows storing pgdedup.Key co-locate)")
 	shards := fs.Int("shard-count", 0, "`N` shards per table (default: citus.shard_count, 32)")
 	printSQL := fs.Bool("sql", false, "print the statements instead of running them")
 	rest, code, ok := c.parse(fs, args)
@@ -67,29 +70,28 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := (pgdedup.Config{Consumer: "pgdedup-cli", Table: c.table}).Validate(); err != nil {
 		return c.usageError("%s", err)
 	}
-	dedup := quoteName(c.table)
-	type table struct{ name, column string }
-	tables := []table{{dedup, citusColumn}}
+	dedup := citusdist.QuoteName(c.table)
+	type table struct {
+		name, column string
+		stmts        []string
+	}
+	dedupStmts, err := citusdist.Dedup(dedup, *by, *shards)
+	if err != nil {
+		return c.usageError("--by: %s", err)
+	}
+	tables := []table{{dedup, *by, dedupStmts}}
 	for _, tc := range colocate {
 		name, column, found := strings.Cut(tc, ":")
 		if !found || !plainIdent.MatchString(name) || !plainIdent.MatchString(column) || strings.Contains(column, ".") {
 			return c.usageError("--colocate %q: want TABLE:COLUMN (plain identifiers, TABLE optionally schema-qualified)", tc)
 		}
-		tables = append(tables, table{quoteName(name), column})
-	}
-	var stmts []string
-	for i, tb := range tables {
-		opts := ""
-		if i == 0 && *shards > 0 {
-			opts = fmt.Sprintf(", shard_count => %d", *shards)
-		}
-		if i > 0 {
-			opts = ", colocate_with => '" + dedup + "'"
-		}
-		stmts = append(stmts, fmt.Sprintf("SELECT create_distributed_table('%s', '%s'%s);", tb.name, tb.column, opts))
+		col := citusdist.Colocated{Table: citusdist.QuoteName(name), Column: column}
+		tables = append(tables, table{col.Table, column, []string{citusdist.Colocate(dedup, col)}})
 	}
 	if *printSQL {
-		fmt.Fprintln(stdout, strings.Join(stmts, "\n"))
+		for _, tb := range tables {
+			fmt.Fprintln(stdout, strings.Join(tb.stmts, "\n"))
+		}
 		return exitOK
 	}
 
@@ -106,8 +108,8 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return c.fail(fmt.Errorf("the citus extension is not installed in this database: connect to a Citus coordinator"))
 	}
 	var done []string
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		for i, tb := range tables {
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, tb := range tables {
 			var current *string
 			err := tx.QueryRow(ctx, `SELECT column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition
 WHERE logicalrelid = to_regclass($1)`, tb.name).Scan(&current)
@@ -125,8 +127,10 @@ WHERE logicalrelid = to_regclass($1)`, tb.name).Scan(&current)
 				}
 				return fmt.Errorf("%s is already distributed by %s, not %s: undistribute_table it first", tb.name, col, tb.column)
 			}
-			if _, err := tx.Exec(ctx, stmts[i]); err != nil {
-				return fmt.Errorf("%s: %w", strings.TrimSuffix(stmts[i], ";"), withDetail(err))
+			for _, q := range tb.stmts {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					return fmt.Errorf("%s: %w", strings.TrimSuffix(q, ";"), withDetail(err))
+				}
 			}
 			// Rows that were in the table were copied into the shards; the
 			// coordinator's copies are now invisible dead weight.
@@ -151,9 +155,6 @@ WHERE logicalrelid = to_regclass($1)`, tb.name).Scan(&current)
 	}
 	return exitOK
 }
-
-// quoteName quotes a validated "schema.table" or "table" as an identifier.
-func quoteName(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
 
 // withDetail adds a server error's DETAIL, which says why Citus refused.
 func withDetail(err error) error {

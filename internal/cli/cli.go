@@ -25,8 +25,11 @@ Commands:
   demo                         see exactly-once against broken recipes
 
 The database comes from --database-url or DATABASE_URL (a password in it is
-never printed). cleanup and stats take --table (default ` + pgdedup.DefaultTable + `,
-optionally schema.table). Cleanup and stats cover every consumer in the table.
+never printed); the demo, given neither, uses a server on localhost:5432 or
+else starts a throwaway one from the local PostgreSQL binaries.
+
+cleanup and stats take --table (default ` + pgdedup.DefaultTable + `, optionally
+schema.table) and cover every consumer in the table.
 Run "pgdedup <command> --help" for a command's flags and examples.
 `
 

@@ -55,7 +55,7 @@ type deliverFunc func(ctx context.Context, store *pgdedup.Store, ledger *Ledger,
 func testAmbiguousCommit(t *testing.T, n, batch int, deliver deliverFunc) {
 	const workers = 8
 	n = scaled(n)
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testCtx(t, 5*time.Minute) // a hang guard, not a time limit
 	db := pgtest.New(t)
 	ledger, err := NewLedger(ctx, db.Pool, "ledger")
 	if err != nil {

@@ -9,9 +9,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/citusdist"
 )
 
-// With TEST_CITUS_DISTRIBUTE set to a column of processed_messages (message_id),
+// With TEST_CITUS_DISTRIBUTE set to a column of processed_messages (message_id
+// or key, see internal/citusdist),
 // TEST_DATABASE_URL is taken to be a Citus coordinator: New distributes each
 // test's processed_messages by that column after migrating it, and Distribute
 // distributes the business tables the tests create, so the whole suite runs
@@ -57,14 +60,22 @@ func distribute(ctx context.Context, admin *pgx.Conn, schema, table, column stri
 			return err
 		}
 	}
-	with := "default"
-	if colocate {
-		with = schema + ".processed_messages"
+	name := pgx.Identifier{schema, table}.Sanitize()
+	var stmts []string
+	switch {
+	case table == "processed_messages": // the documented way, as pgdedup citus distribute does it
+		if stmts, err = citusdist.Dedup(name, column, 0); err != nil {
+			return err
+		}
+	case colocate:
+		stmts = []string{citusdist.Colocate(pgx.Identifier{schema, "processed_messages"}.Sanitize(), citusdist.Colocated{Table: name, Column: column})}
+	default:
+		stmts = []string{fmt.Sprintf("SELECT create_distributed_table('%s', '%s')", name, column)}
 	}
-	_, err = tx.Exec(ctx, `SELECT create_distributed_table($1, $2, colocate_with => $3)`,
-		pgx.Identifier{schema, table}.Sanitize(), column, with)
-	if err != nil {
-		return err
+	for _, q := range stmts {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
 	}
 	return tx.Commit(ctx)
 }
