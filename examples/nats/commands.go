@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // Defaults match docker-compose.yml and a local nats-server -js.
@@ -39,7 +41,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer pool.Close()
-	if err := migrate(ctx, pool); err != nil {
+	if err := shop.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, "migrated: processed_messages and charges are ready")

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // consumerConfig is what one consumer process needs; main fills it from flags
@@ -149,7 +150,7 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	id := messageID(msg, meta)
 	log := c.cfg.Log.With("message_id", id, "seq", meta.Sequence.Stream, "redelivered", meta.NumDelivered > 1)
-	order, err := decodeOrder(msg.Data())
+	order, err := shop.DecodeOrder(msg.Data())
 	if err == nil {
 		err = pgdedup.ValidateMessageID(id)
 	}
@@ -161,7 +162,7 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 
 	processed, err := c.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-		if err := charge(ctx, tx, order, id, c.cfg.Name); err != nil {
+		if err := shop.Charge(ctx, tx, order, id, c.cfg.Name); err != nil {
 			return err
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgdedup/pgdedup/examples/internal/fleet"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -34,7 +36,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := migrate(ctx, db.Pool); err != nil {
+	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	seed := uint64(time.Now().UnixNano())
@@ -44,10 +46,10 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}
 	msgs, dups := batch.messages(rng, ts.subject)
-	want := make(map[string]Order, orders)
+	want := make(map[string]shop.Order, orders)
 	var withID []*nats.Msg
 	for _, m := range msgs {
-		o, err := decodeOrder(m.Data)
+		o, err := shop.DecodeOrder(m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +86,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 
 	args := []string{"-database-url", db.URL, "-nats-url", url, "-stream", ts.stream, "-subject", ts.subject, "-durable", ts.durable,
 		"-ack-wait", ackWait.String(), "-batch", "16", "-workers", "3", "-handler-delay", "8ms", "-lock-timeout", "500ms"}
-	var all, live []*proc
+	var all, live []*fleet.Proc
 	startOne := func() {
 		p := startConsumer(t, fmt.Sprintf("c%02d", len(all)+1), args...)
 		all, live = append(all, p), append(live, p)
@@ -104,22 +106,22 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	killed := 0
 	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
 		if ctx.Err() != nil {
-			t.Fatalf("stream not drained after %s: %d orders charged of %d\n%s", time.Since(start), countCharged(t, db), orders, lastLines(all))
+			t.Fatalf("stream not drained after %s: %d orders charged of %d\n%s", time.Since(start), fleet.CountCharged(t, db), orders, lastLines(all))
 		}
-		charged := countCharged(t, db)
+		charged := fleet.CountCharged(t, db)
 		if killed < kills && charged >= killAt[killed] {
 			i := rng.IntN(len(live))
 			victim := live[i]
-			victim.kill()
-			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.name, charged, orders, victim.log.counts().deliveries)
+			victim.Kill()
+			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.Name, charged, orders, victim.Log.Counts().Deliveries)
 			live = slices.Delete(live, i, i+1)
 			killed++
 			startOne()
 			continue
 		}
 		for _, p := range live {
-			if !p.running() {
-				t.Fatalf("consumer %s exited: %v\n%s", p.name, p.err, p.log.lastLines())
+			if !p.Running() {
+				t.Fatalf("consumer %s exited: %v\n%s", p.Name, p.Err(), p.Log.LastLines())
 			}
 		}
 		// The consumer may not exist for the first few ticks.
@@ -135,8 +137,8 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	}
 
 	for _, p := range live { // SIGTERM: finish, ack and exit cleanly
-		if err := p.stop(15 * time.Second); err != nil {
-			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.name, err, p.log.lastLines())
+		if err := p.Stop(15 * time.Second); err != nil {
+			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.Name, err, p.Log.LastLines())
 		}
 	}
 	elapsed := time.Since(start)
@@ -148,34 +150,34 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		t.Errorf("after all consumers stopped: %d messages pending, %d unacked", info.NumPending, info.NumAckPending)
 	}
 
-	checkCharges(t, db, want)
-	var total logCounts
+	fleet.CheckCharges(t, db, want)
+	var total fleet.Counts
 	for _, p := range all {
-		total.add(p.log.counts())
+		total.Add(p.Log.Counts())
 	}
-	rolledBack := countRolledBack(t, db)
+	rolledBack := fleet.CountRolledBack(t, db)
 	t.Logf("%d messages published (%d orders, %d of them twice at once, %d unparseable): %d stored, %d dropped by JetStream's %s duplicate window; %d republished after the window, all stored; %s; %d consumer processes, %d SIGKILLed",
 		len(msgs), orders, dups, len(poison), stored, dropped, dupWindow, len(late), elapsed.Round(time.Millisecond), len(all), killed)
 	t.Logf("deliveries logged %d (JetStream redelivered %d: charged %d, skipped as already charged %d), duplicates skipped %d, in-flight naks %d, terminated %d; charges rolled back by kills %d",
-		total.deliveries, total.redelivered, total.redeliveredProcessed, total.redeliveredDuplicates, total.duplicates, total.inFlight, total.rejected, rolledBack)
+		total.Deliveries, total.Redelivered, total.RedeliveredProcessed, total.RedeliveredDuplicates, total.Duplicates, total.InFlight, total.Rejected, rolledBack)
 
 	switch {
-	case total.races > 0:
-		t.Errorf("the race detector reported %d data races in consumers", total.races)
-	case total.failed > 0:
-		t.Errorf("%d deliveries failed", total.failed)
+	case total.Races > 0:
+		t.Errorf("the race detector reported %d data races in consumers", total.Races)
+	case total.Failed > 0:
+		t.Errorf("%d deliveries failed", total.Failed)
 	case dropped == 0:
 		t.Errorf("JetStream dropped no duplicate publish: the window was not exercised")
-	case total.duplicates < len(late):
-		t.Errorf("%d duplicates skipped, want at least the %d copies stored after the window", total.duplicates, len(late))
+	case total.Duplicates < len(late):
+		t.Errorf("%d duplicates skipped, want at least the %d copies stored after the window", total.Duplicates, len(late))
 	case killed < kills/2:
 		t.Errorf("only %d consumers killed, want at least %d: the stream drained too fast to test crashes", killed, kills/2)
-	case total.redelivered == 0:
+	case total.Redelivered == 0:
 		t.Errorf("no message was redelivered: the kills tested nothing")
 	case rolledBack == 0:
 		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
-	case total.rejected < len(poison):
-		t.Errorf("%d deliveries terminated, want at least the %d unparseable ones", total.rejected, len(poison))
+	case total.Rejected < len(poison):
+		t.Errorf("%d deliveries terminated, want at least the %d unparseable ones", total.Rejected, len(poison))
 	}
 }
 
@@ -192,10 +194,10 @@ func consumerInfo(ctx context.Context, s jetstream.Stream, durable string) (*jet
 	return c.Info(ctx)
 }
 
-func lastLines(procs []*proc) string {
+func lastLines(procs []*fleet.Proc) string {
 	var s string
 	for _, p := range procs {
-		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.name, p.running(), p.log.lastLines())
+		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.Name, p.Running(), p.Log.LastLines())
 	}
 	return s
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // Defaults match docker-compose.yml and a local RabbitMQ with its guest user.
@@ -33,7 +35,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer pool.Close()
-	if err := migrate(ctx, pool); err != nil {
+	if err := shop.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, "migrated: processed_messages and charges are ready")

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // consumerConfig is what one consumer process needs; main fills it from flags
@@ -130,7 +131,7 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 		id = pgdedup.ContentKey(d.Body)
 	}
 	log := c.cfg.Log.With("message_id", id, "redelivered", d.Redelivered)
-	order, err := decodeOrder(d.Body)
+	order, err := shop.DecodeOrder(d.Body)
 	if err == nil {
 		err = pgdedup.ValidateMessageID(id)
 	}
@@ -142,7 +143,7 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 	}
 
 	processed, err := c.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-		if err := charge(ctx, tx, order, id, c.cfg.Name); err != nil {
+		if err := shop.Charge(ctx, tx, order, id, c.cfg.Name); err != nil {
 			return err
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)
