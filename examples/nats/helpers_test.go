@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
 )
 
 // natsURL returns NATS_URL, or the local server, once it answers with
@@ -17,7 +19,7 @@ import (
 // elsewhere.
 func natsURL(t *testing.T) string {
 	t.Helper()
-	u := env("NATS_URL", defaultNATSURL)
+	u := cli.Env("NATS_URL", defaultNATSURL)
 	nc, err := nats.Connect(u, nats.Timeout(5*time.Second))
 	if err == nil {
 		defer nc.Close()

@@ -8,13 +8,15 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
 )
 
 // rabbitURL returns AMQP_URL, or the local guest account, once it answers.
 // Without a broker the test fails in CI (CI set) and skips elsewhere.
 func rabbitURL(t *testing.T) string {
 	t.Helper()
-	u := env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	u := cli.Env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	if err != nil {
 		if os.Getenv("CI") != "" {
