@@ -15,7 +15,7 @@ import (
 // Use it to find an ID's row by its primary key (WHERE key = $1), or to give
 // business rows the same key, for example to co-locate them with the claim on
 // a distributed database. A 128-bit key makes a collision, which would make a
-// new message look like a duplicate, negligible (about 10⁻²⁰ at 10⁹ rows).
+// new message look like a duplicate, negligible (about 10⁻²¹ at 10⁹ rows).
 func Key(consumer, messageID string) string {
 	var b [36]byte
 	k := key(consumer, messageID)
