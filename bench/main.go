@@ -89,6 +89,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.soak.cleanEach, "soak-clean-every", 3*time.Second, "soak: RunCleaner's interval")
 	fs.IntVar(&c.soak.workers, "soak-workers", 4, "soak: concurrent Process calls")
 	fs.DurationVar(&c.soak.naptime, "soak-naptime", time.Second, "soak: autovacuum_naptime of the soak's cluster")
+	tableAV := fs.String("soak-table-autovacuum", "", "soak: comma-separated autovacuum_* storage parameters set on processed_messages, "+
+		"e.g. autovacuum_vacuum_scale_factor=0.01,autovacuum_vacuum_threshold=1000 (empty: the server's defaults)")
 	fs.IntVar(&c.growth.rows, "growth-rows", 20_000_000, "growth: rows of the big table")
 	versions := fs.String("growth-versions", "2,3", "growth: schema versions to measure (2: before migration 00003, 3: now)")
 	fs.DurationVar(&c.growth.steady, "growth-steady", 0, "growth: then Process on each big table alone this long, from a CHECKPOINT, for WAL across checkpoints (0 skips)")
@@ -138,6 +140,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.runs("soak") {
 		c.soak.sampleEvery = max(5*time.Second, c.soak.duration/30)
+		var err error
+		if c.soak.tableAutovacuum, err = parseTableAutovacuum(*tableAV); err != nil {
+			return c, err
+		}
 		if err := c.soak.validate(); err != nil {
 			return c, err
 		}

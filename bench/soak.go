@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,9 @@ type soakConfig struct {
 	sampleEvery time.Duration
 	workers     int
 	naptime     time.Duration // autovacuum_naptime of the cluster
+	// tableAutovacuum holds the autovacuum_* storage parameters set on
+	// processed_messages ("name=value"), empty for the server's defaults.
+	tableAutovacuum []string
 }
 
 // soakSample is the table's state at one moment.
@@ -115,13 +119,19 @@ func runSoak(ctx context.Context, cfg soakConfig, prog *progress) (soakResult, e
 		}
 	}
 	time.Sleep(100 * time.Millisecond) // the reload is asynchronous
-	if r.server, err = soakServer(ctx, admin); err != nil {
-		return r, err
-	}
 	sqlDB := stdlib.OpenDBFromPool(admin)
 	err = pgdedup.Migrate(ctx, sqlDB)
 	sqlDB.Close()
 	if err != nil {
+		return r, err
+	}
+	if len(cfg.tableAutovacuum) > 0 {
+		sql := `ALTER TABLE processed_messages SET (` + strings.Join(cfg.tableAutovacuum, ", ") + `)`
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			return r, fmt.Errorf("soak: %s: %w", sql, err)
+		}
+	}
+	if r.server, err = soakServer(ctx, admin); err != nil {
 		return r, err
 	}
 	if _, err := admin.Exec(ctx, `CREATE TABLE soak_ledger (message_id text NOT NULL, amount bigint NOT NULL)`); err != nil {
@@ -395,12 +405,17 @@ FROM pg_stat_user_tables WHERE relid = 'processed_messages'::regclass`).Scan(&s.
 
 func soakServer(ctx context.Context, admin *pgxpool.Pool) (string, error) {
 	var version, settings string
+	var table *string
 	err := admin.QueryRow(ctx, `SELECT split_part(version(), ',', 1),
 string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings
 WHERE name IN ('autovacuum', 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_threshold',
-'autovacuum_vacuum_insert_scale_factor', 'autovacuum_vacuum_cost_limit', 'shared_buffers', 'fsync', 'full_page_writes')`).Scan(&version, &settings)
+'autovacuum_vacuum_insert_scale_factor', 'autovacuum_vacuum_cost_limit', 'shared_buffers', 'fsync', 'full_page_writes'),
+(SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = 'processed_messages'::regclass)`).Scan(&version, &settings, &table)
 	if err != nil {
 		return "", fmt.Errorf("soak: server settings: %w", err)
+	}
+	if table != nil && *table != "" {
+		settings += "; on processed_messages: " + *table
 	}
 	return version + "; " + settings, nil
 }
@@ -421,6 +436,35 @@ func (c soakConfig) validate() error {
 		return errors.New("-soak-workers must be from 1 to 64")
 	}
 	return nil
+}
+
+// parseTableAutovacuum checks -soak-table-autovacuum: comma-separated
+// name=value pairs, each name an autovacuum_* storage parameter and each value
+// a number (or, for autovacuum_enabled, on/off/true/false), and returns them as "name = value" for ALTER TABLE … SET (…).
+func parseTableAutovacuum(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var params []string
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(s, ",") {
+		name, value, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || !strings.HasPrefix(name, "autovacuum_") || strings.Trim(name, "abcdefghijklmnopqrstuvwxyz_") != "" {
+			return nil, fmt.Errorf("-soak-table-autovacuum: %q is not autovacuum_<name>=<number>", kv)
+		}
+		if name == "autovacuum_enabled" && slices.Contains([]string{"on", "off", "true", "false"}, value) {
+			// a boolean
+		} else if _, err := strconv.ParseFloat(value, 64); err != nil || strings.ContainsAny(value, "xXpPnNiI_") {
+			return nil, fmt.Errorf("-soak-table-autovacuum: %s: %q is not a number", name, value)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("-soak-table-autovacuum: %s given twice", name)
+		}
+		seen[name] = true
+		params = append(params, name+" = "+value)
+	}
+	return params, nil
 }
 
 func mb(b int64) string { return fmt.Sprintf("%.2f MB", float64(b)/(1<<20)) }

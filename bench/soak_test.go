@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,39 @@ func TestSoakFlags(t *testing.T) {
 	} {
 		if _, err := parseFlags(append([]string{"-only", "soak"}, args...), io.Discard); err == nil {
 			t.Errorf("%v: no error", args)
+		}
+	}
+}
+
+// -soak-table-autovacuum becomes the storage parameters of ALTER TABLE … SET
+// (…); anything else is refused before a cluster starts.
+func TestSoakTableAutovacuumFlag(t *testing.T) {
+	cfg, err := parseFlags([]string{"-only", "soak", "-soak-table-autovacuum",
+		" autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold = 1000,autovacuum_enabled=on"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"autovacuum_vacuum_scale_factor = 0.01", "autovacuum_vacuum_threshold = 1000", "autovacuum_enabled = on"}
+	if !slices.Equal(cfg.soak.tableAutovacuum, want) {
+		t.Errorf("got %q, want %q", cfg.soak.tableAutovacuum, want)
+	}
+	if cfg, err := parseFlags([]string{"-only", "soak"}, io.Discard); err != nil || cfg.soak.tableAutovacuum != nil {
+		t.Errorf("without the flag: %q, %v; want nothing set", cfg.soak.tableAutovacuum, err)
+	}
+	for _, bad := range []string{
+		"autovacuum_vacuum_scale_factor",              // no value
+		"fillfactor=50",                               // not autovacuum_*
+		"autovacuum_vacuum_threshold=1000; DROP x",    // not a number
+		"autovacuum_vacuum_scale_factor=0.01) , (x=1", // not a number
+		"autovacuum_Vacuum_threshold=1",               // not a lower-case name
+		"autovacuum_vacuum_threshold=NaN",
+		"autovacuum_vacuum_threshold=0x10",
+		"autovacuum_vacuum_threshold=1,autovacuum_vacuum_threshold=2",
+		"autovacuum_vacuum_threshold=1,",
+		"autovacuum_enabled=yes please",
+	} {
+		if _, err := parseFlags([]string{"-only", "soak", "-soak-table-autovacuum", bad}, io.Discard); err == nil {
+			t.Errorf("%q: no error", bad)
 		}
 	}
 }
