@@ -440,7 +440,8 @@ func (c soakConfig) validate() error {
 
 // parseTableAutovacuum checks -soak-table-autovacuum: comma-separated
 // name=value pairs, each name an autovacuum_* storage parameter and each value
-// a number (or, for autovacuum_enabled, on/off/true/false), and returns them as "name = value" for ALTER TABLE … SET (…).
+// a number (or, for autovacuum_enabled, on/off/true/false), and returns them
+// as "name = value" for ALTER TABLE … SET (…).
 func parseTableAutovacuum(s string) ([]string, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
