@@ -407,10 +407,10 @@ func soakServer(ctx context.Context, admin *pgxpool.Pool) (string, error) {
 	var version, settings string
 	var table *string
 	err := admin.QueryRow(ctx, `SELECT split_part(version(), ',', 1),
-string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings
+string_agg(name || '=' || current_setting(name), ', ' ORDER BY name),
+(SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = 'processed_messages'::regclass) FROM pg_settings
 WHERE name IN ('autovacuum', 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_threshold',
-'autovacuum_vacuum_insert_scale_factor', 'autovacuum_vacuum_cost_limit', 'shared_buffers', 'fsync', 'full_page_writes'),
-(SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = 'processed_messages'::regclass)`).Scan(&version, &settings, &table)
+'autovacuum_vacuum_insert_scale_factor', 'autovacuum_vacuum_cost_limit', 'shared_buffers', 'fsync', 'full_page_writes')`).Scan(&version, &settings, &table)
 	if err != nil {
 		return "", fmt.Errorf("soak: server settings: %w", err)
 	}

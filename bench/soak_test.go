@@ -18,7 +18,8 @@ func TestSoakTiny(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg, err := parseFlags([]string{"-only", "soak", "-soak-duration", "20s", "-soak-rate", "100",
-		"-soak-retention", "5s", "-soak-clean-every", "1s"}, io.Discard)
+		"-soak-retention", "5s", "-soak-clean-every", "1s",
+		"-soak-table-autovacuum", "autovacuum_vacuum_threshold=50"}, io.Discard) // the server's default, set on the table
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,6 +44,9 @@ func TestSoakTiny(t *testing.T) {
 	}
 	if last := r.samples[len(r.samples)-1]; last.deleted == 0 || last.autovacuums == 0 {
 		t.Errorf("at the end: %d rows deleted by the cleaner, %d autovacuums; want both above 0", last.deleted, last.autovacuums)
+	}
+	if !strings.Contains(r.server, "on processed_messages: autovacuum_vacuum_threshold=50") {
+		t.Errorf("-soak-table-autovacuum not set on the table: %s", r.server)
 	}
 	if !strings.Contains(md, "| t | rows | dead tuples |") || len(r.samples) < 15 {
 		t.Errorf("%d samples; report:\n%s", len(r.samples), md)
