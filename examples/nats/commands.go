@@ -11,50 +11,33 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // Defaults match docker-compose.yml and a local nats-server -js.
 const (
-	defaultDatabaseURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
-	defaultNATSURL     = "nats://127.0.0.1:4222"
-	defaultStream      = "ORDERS"
-	defaultSubject     = "orders.charge"
-	defaultDurable     = "billing"
+	defaultNATSURL = "nats://127.0.0.1:4222"
+	defaultStream  = "ORDERS"
+	defaultSubject = "orders.charge"
+	defaultDurable = "billing"
 	// defaultDupWindow is JetStream's own default for the publish-side
 	// duplicate window, made explicit.
 	defaultDupWindow = 2 * time.Minute
 )
 
-func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	dbURL := fs.String("database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	if err := parse(fs, args, stderr); err != nil {
-		return err
-	}
-	pool, err := pgxpool.New(ctx, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := migrate(ctx, pool); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "migrated: processed_messages and charges are ready")
-	return nil
-}
-
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
 	var cfg consumerConfig
-	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	fs.StringVar(&cfg.NATSURL, "nats-url", env("NATS_URL", defaultNATSURL), "NATS URL (env NATS_URL)")
-	fs.StringVar(&cfg.Stream, "stream", env("STREAM", defaultStream), "JetStream stream, created if missing (env STREAM)")
-	fs.StringVar(&cfg.Subject, "subject", env("SUBJECT", defaultSubject), "the stream's subject (env SUBJECT)")
-	fs.StringVar(&cfg.Durable, "durable", env("DURABLE", defaultDurable), "durable pull consumer shared by all processes (env DURABLE)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", shop.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", cli.Env("NATS_URL", defaultNATSURL), "NATS URL (env NATS_URL)")
+	fs.StringVar(&cfg.Stream, "stream", cli.Env("STREAM", defaultStream), "JetStream stream, created if missing (env STREAM)")
+	fs.StringVar(&cfg.Subject, "subject", cli.Env("SUBJECT", defaultSubject), "the stream's subject (env SUBJECT)")
+	fs.StringVar(&cfg.Durable, "durable", cli.Env("DURABLE", defaultDurable), "durable pull consumer shared by all processes (env DURABLE)")
 	fs.StringVar(&cfg.Name, "name", host+"-"+strconv.Itoa(os.Getpid()), "consumer process name, in charges.charged_by and the NATS connection name")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "JetStream redelivers a message not acked within this")
 	fs.IntVar(&cfg.MaxAckPending, "max-ack-pending", 1000, "messages out unacked at once, over all processes")
@@ -64,7 +47,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.HandlerDelay, "handler-delay", 0, "simulated work inside each charge's transaction")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for messages being processed")
 	level := fs.String("log-level", "info", "debug logs every delivery's outcome")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
 	switch {
@@ -83,7 +66,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case cfg.Stream == "" || cfg.Subject == "" || cfg.Durable == "":
 		return errors.New("-stream, -subject and -durable must not be empty")
 	}
-	log, err := newLogger(stderr, *level)
+	log, err := cli.NewLogger(stderr, *level)
 	if err != nil {
 		return err
 	}
@@ -93,23 +76,18 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func runPublish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
-	natsURL := fs.String("nats-url", env("NATS_URL", defaultNATSURL), "NATS URL (env NATS_URL)")
-	stream := fs.String("stream", env("STREAM", defaultStream), "JetStream stream, created if missing (env STREAM)")
-	subject := fs.String("subject", env("SUBJECT", defaultSubject), "the stream's subject (env SUBJECT)")
+	natsURL := fs.String("nats-url", cli.Env("NATS_URL", defaultNATSURL), "NATS URL (env NATS_URL)")
+	stream := fs.String("stream", cli.Env("STREAM", defaultStream), "JetStream stream, created if missing (env STREAM)")
+	subject := fs.String("subject", cli.Env("SUBJECT", defaultSubject), "the stream's subject (env SUBJECT)")
 	b := orderBatch{RunID: strconv.FormatInt(time.Now().Unix(), 36)}
 	fs.IntVar(&b.Orders, "orders", 1000, "distinct orders to publish")
 	fs.Float64Var(&b.Duplicates, "duplicates", 0.2, "share of orders published twice with the same Nats-Msg-Id")
 	fs.Float64Var(&b.WithoutID, "without-id", 0.05, "share of orders published without a Nats-Msg-Id (keyed by stream sequence)")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
-	switch {
-	case b.Orders < 1:
-		return fmt.Errorf("-orders must be at least 1, got %d", b.Orders)
-	case b.Duplicates < 0 || b.Duplicates > 1:
-		return fmt.Errorf("-duplicates must be between 0 and 1, got %g", b.Duplicates)
-	case b.WithoutID < 0 || b.WithoutID > 1:
-		return fmt.Errorf("-without-id must be between 0 and 1, got %g", b.WithoutID)
+	if err := shop.CheckBatch(b.Orders, b.Duplicates, b.WithoutID); err != nil {
+		return err
 	}
 	nc, err := nats.Connect(*natsURL)
 	if err != nil {

@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // consumerConfig is what one consumer process needs; main fills it from flags
@@ -40,20 +40,11 @@ type consumerConfig struct {
 // anything left unacked (a timeout, a crash) JetStream redelivers after
 // AckWait, and pgdedup skips what had already committed.
 func consume(ctx context.Context, cfg consumerConfig) error {
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
-	}
-	pcfg.MaxConns = int32(cfg.Workers) + 1
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect to Postgres: %w", err)
-	}
-	defer pool.Close()
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", LockTimeout: cfg.LockTimeout, Logger: cfg.Log})
+	pool, store, err := shop.OpenStore(ctx, cfg.DatabaseURL, cfg.Workers, cfg.LockTimeout, cfg.Log)
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 
 	nc, err := nats.Connect(cfg.NATSURL, nats.Name(cfg.Name))
 	if err != nil {
@@ -149,7 +140,7 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	id := messageID(msg, meta)
 	log := c.cfg.Log.With("message_id", id, "seq", meta.Sequence.Stream, "redelivered", meta.NumDelivered > 1)
-	order, err := decodeOrder(msg.Data())
+	order, err := shop.DecodeOrder(msg.Data())
 	if err == nil {
 		err = pgdedup.ValidateMessageID(id)
 	}
@@ -161,7 +152,7 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 
 	processed, err := c.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-		if err := charge(ctx, tx, order, id, c.cfg.Name); err != nil {
+		if err := shop.Charge(ctx, tx, order, id, c.cfg.Name); err != nil {
 			return err
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)

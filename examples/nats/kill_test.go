@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -12,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgdedup/pgdedup/examples/internal/fleet"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -34,7 +35,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := migrate(ctx, db.Pool); err != nil {
+	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	seed := uint64(time.Now().UnixNano())
@@ -44,10 +45,10 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}
 	msgs, dups := batch.messages(rng, ts.subject)
-	want := make(map[string]Order, orders)
+	want := make(map[string]shop.Order, orders)
 	var withID []*nats.Msg
 	for _, m := range msgs {
-		o, err := decodeOrder(m.Data)
+		o, err := shop.DecodeOrder(m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,44 +85,27 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 
 	args := []string{"-database-url", db.URL, "-nats-url", url, "-stream", ts.stream, "-subject", ts.subject, "-durable", ts.durable,
 		"-ack-wait", ackWait.String(), "-batch", "16", "-workers", "3", "-handler-delay", "8ms", "-lock-timeout", "500ms"}
-	var all, live []*proc
-	startOne := func() {
-		p := startConsumer(t, fmt.Sprintf("c%02d", len(all)+1), args...)
-		all, live = append(all, p), append(live, p)
-	}
-	for range consumers {
-		startOne()
-	}
+	g := fleet.NewGroup(t, childEnv, consumers, args...)
 	stream, err := ts.js.Stream(ctx, ts.stream)
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	var killAt []int
-	for i := range kills {
-		killAt = append(killAt, int((float64(i)+rng.Float64())/float64(kills+1)*orders))
-	}
+	killAt := fleet.KillPoints(rng, kills, orders)
 	killed := 0
 	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
 		if ctx.Err() != nil {
-			t.Fatalf("stream not drained after %s: %d orders charged of %d\n%s", time.Since(start), countCharged(t, db), orders, lastLines(all))
+			t.Fatalf("stream not drained after %s: %d orders charged of %d\n%s", time.Since(start), fleet.CountCharged(t, db), orders, g.LastLines())
 		}
-		charged := countCharged(t, db)
+		charged := fleet.CountCharged(t, db)
 		if killed < kills && charged >= killAt[killed] {
-			i := rng.IntN(len(live))
-			victim := live[i]
-			victim.kill()
-			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.name, charged, orders, victim.log.counts().deliveries)
-			live = slices.Delete(live, i, i+1)
+			victim := g.KillOne(rng)
+			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.Name, charged, orders, victim.Log.Counts().Deliveries)
 			killed++
-			startOne()
+			g.StartOne()
 			continue
 		}
-		for _, p := range live {
-			if !p.running() {
-				t.Fatalf("consumer %s exited: %v\n%s", p.name, p.err, p.log.lastLines())
-			}
-		}
+		g.CheckRunning()
 		// The consumer may not exist for the first few ticks.
 		info, err := consumerInfo(ctx, stream, ts.durable)
 		if err != nil {
@@ -134,11 +118,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		}
 	}
 
-	for _, p := range live { // SIGTERM: finish, ack and exit cleanly
-		if err := p.stop(15 * time.Second); err != nil {
-			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.name, err, p.log.lastLines())
-		}
-	}
+	g.StopLive(15 * time.Second) // SIGTERM: finish, ack and exit cleanly
 	elapsed := time.Since(start)
 	info, err := consumerInfo(ctx, stream, ts.durable)
 	if err != nil {
@@ -148,34 +128,31 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		t.Errorf("after all consumers stopped: %d messages pending, %d unacked", info.NumPending, info.NumAckPending)
 	}
 
-	checkCharges(t, db, want)
-	var total logCounts
-	for _, p := range all {
-		total.add(p.log.counts())
-	}
-	rolledBack := countRolledBack(t, db)
+	fleet.CheckCharges(t, db, want)
+	total := g.Counts()
+	rolledBack := fleet.CountRolledBack(t, db)
 	t.Logf("%d messages published (%d orders, %d of them twice at once, %d unparseable): %d stored, %d dropped by JetStream's %s duplicate window; %d republished after the window, all stored; %s; %d consumer processes, %d SIGKILLed",
-		len(msgs), orders, dups, len(poison), stored, dropped, dupWindow, len(late), elapsed.Round(time.Millisecond), len(all), killed)
+		len(msgs), orders, dups, len(poison), stored, dropped, dupWindow, len(late), elapsed.Round(time.Millisecond), len(g.All), killed)
 	t.Logf("deliveries logged %d (JetStream redelivered %d: charged %d, skipped as already charged %d), duplicates skipped %d, in-flight naks %d, terminated %d; charges rolled back by kills %d",
-		total.deliveries, total.redelivered, total.redeliveredProcessed, total.redeliveredDuplicates, total.duplicates, total.inFlight, total.rejected, rolledBack)
+		total.Deliveries, total.Redelivered, total.RedeliveredProcessed, total.RedeliveredDuplicates, total.Duplicates, total.InFlight, total.Rejected, rolledBack)
 
 	switch {
-	case total.races > 0:
-		t.Errorf("the race detector reported %d data races in consumers", total.races)
-	case total.failed > 0:
-		t.Errorf("%d deliveries failed", total.failed)
+	case total.Races > 0:
+		t.Errorf("the race detector reported %d data races in consumers", total.Races)
+	case total.Failed > 0:
+		t.Errorf("%d deliveries failed", total.Failed)
 	case dropped == 0:
 		t.Errorf("JetStream dropped no duplicate publish: the window was not exercised")
-	case total.duplicates < len(late):
-		t.Errorf("%d duplicates skipped, want at least the %d copies stored after the window", total.duplicates, len(late))
+	case total.Duplicates < len(late):
+		t.Errorf("%d duplicates skipped, want at least the %d copies stored after the window", total.Duplicates, len(late))
 	case killed < kills/2:
 		t.Errorf("only %d consumers killed, want at least %d: the stream drained too fast to test crashes", killed, kills/2)
-	case total.redelivered == 0:
+	case total.Redelivered == 0:
 		t.Errorf("no message was redelivered: the kills tested nothing")
 	case rolledBack == 0:
 		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
-	case total.rejected < len(poison):
-		t.Errorf("%d deliveries terminated, want at least the %d unparseable ones", total.rejected, len(poison))
+	case total.Rejected < len(poison):
+		t.Errorf("%d deliveries terminated, want at least the %d unparseable ones", total.Rejected, len(poison))
 	}
 }
 
@@ -190,12 +167,4 @@ func consumerInfo(ctx context.Context, s jetstream.Stream, durable string) (*jet
 		return nil, err
 	}
 	return c.Info(ctx)
-}
-
-func lastLines(procs []*proc) string {
-	var s string
-	for _, p := range procs {
-		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.name, p.running(), p.log.lastLines())
-	}
-	return s
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // orderBatch describes the messages a producer sends in one run.
@@ -23,7 +25,7 @@ type orderBatch struct {
 // publish is a different message) a second copy with the same Nats-Msg-Id.
 func (b orderBatch) messages(rng *rand.Rand, subject string) (msgs []*nats.Msg, duplicates int) {
 	for i := range b.Orders {
-		o := Order{
+		o := shop.Order{
 			OrderID:     fmt.Sprintf("ord-%s-%06d", b.RunID, i),
 			Customer:    fmt.Sprintf("cust-%04d", rng.IntN(1000)),
 			AmountCents: 100 + rng.Int64N(100_000),

@@ -11,42 +11,25 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // Defaults match docker-compose.yml and a local RabbitMQ with its guest user.
 const (
-	defaultDatabaseURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
-	defaultAMQPURL     = "amqp://guest:guest@localhost:5672/"
-	defaultQueue       = "orders"
+	defaultAMQPURL = "amqp://guest:guest@localhost:5672/"
+	defaultQueue   = "orders"
 )
-
-func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	dbURL := fs.String("database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	if err := parse(fs, args, stderr); err != nil {
-		return err
-	}
-	pool, err := pgxpool.New(ctx, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := migrate(ctx, pool); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "migrated: processed_messages and charges are ready")
-	return nil
-}
 
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
 	var cfg consumerConfig
-	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	fs.StringVar(&cfg.AMQPURL, "amqp-url", env("AMQP_URL", defaultAMQPURL), "RabbitMQ URL (env AMQP_URL)")
-	fs.StringVar(&cfg.Queue, "queue", env("QUEUE", defaultQueue), "durable queue to consume (env QUEUE)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", shop.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.AMQPURL, "amqp-url", cli.Env("AMQP_URL", defaultAMQPURL), "RabbitMQ URL (env AMQP_URL)")
+	fs.StringVar(&cfg.Queue, "queue", cli.Env("QUEUE", defaultQueue), "durable queue to consume (env QUEUE)")
 	fs.IntVar(&cfg.Prefetch, "prefetch", envInt("PREFETCH", 32, stderr), "unacked deliveries held at once (env PREFETCH)")
 	fs.IntVar(&cfg.Workers, "workers", envInt("WORKERS", 8, stderr), "deliveries processed concurrently (env WORKERS)")
 	fs.StringVar(&cfg.Name, "name", host+"-"+strconv.Itoa(os.Getpid()), "consumer name, in charges.charged_by and the AMQP connection name")
@@ -54,7 +37,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.HandlerDelay, "handler-delay", 0, "simulated work inside each charge's transaction")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for deliveries being processed")
 	level := fs.String("log-level", "info", "debug logs every delivery's outcome")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
 	switch {
@@ -65,7 +48,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case cfg.Queue == "":
 		return errors.New("-queue must not be empty")
 	}
-	log, err := newLogger(stderr, *level)
+	log, err := cli.NewLogger(stderr, *level)
 	if err != nil {
 		return err
 	}
@@ -75,22 +58,17 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func runPublish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
-	amqpURL := fs.String("amqp-url", env("AMQP_URL", defaultAMQPURL), "RabbitMQ URL (env AMQP_URL)")
-	queue := fs.String("queue", env("QUEUE", defaultQueue), "durable queue to publish to (env QUEUE)")
+	amqpURL := fs.String("amqp-url", cli.Env("AMQP_URL", defaultAMQPURL), "RabbitMQ URL (env AMQP_URL)")
+	queue := fs.String("queue", cli.Env("QUEUE", defaultQueue), "durable queue to publish to (env QUEUE)")
 	b := orderBatch{RunID: strconv.FormatInt(time.Now().Unix(), 36)}
 	fs.IntVar(&b.Orders, "orders", 1000, "distinct orders to publish")
 	fs.Float64Var(&b.Duplicates, "duplicates", 0.2, "share of orders published twice with the same MessageId")
 	fs.Float64Var(&b.WithoutID, "without-id", 0.05, "share of orders published without a MessageId (keyed by content)")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
-	switch {
-	case b.Orders < 1:
-		return fmt.Errorf("-orders must be at least 1, got %d", b.Orders)
-	case b.Duplicates < 0 || b.Duplicates > 1:
-		return fmt.Errorf("-duplicates must be between 0 and 1, got %g", b.Duplicates)
-	case b.WithoutID < 0 || b.WithoutID > 1:
-		return fmt.Errorf("-without-id must be between 0 and 1, got %g", b.WithoutID)
+	if err := shop.CheckBatch(b.Orders, b.Duplicates, b.WithoutID); err != nil {
+		return err
 	}
 	conn, err := amqp.Dial(*amqpURL)
 	if err != nil {

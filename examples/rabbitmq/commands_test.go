@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"strings"
 	"testing"
 )
@@ -32,19 +31,5 @@ func TestBadUsageIsRefusedBeforeConnecting(t *testing.T) {
 		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("run %q = %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
 		}
-	}
-}
-
-// An order that can never be charged is recognised before the database is
-// touched, so the consumer rejects it instead of requeueing it forever.
-func TestDecodeOrderRejectsUnusableBodies(t *testing.T) {
-	for _, body := range []string{"", "not json", `{"order_id":"","amount_cents":5}`, `{"order_id":"o1","amount_cents":0}`, `{"order_id":"o1","amount_cents":"5"}`} {
-		if _, err := decodeOrder([]byte(body)); !errors.Is(err, errBadOrder) {
-			t.Errorf("decodeOrder(%q) = %v, want errBadOrder", body, err)
-		}
-	}
-	o, err := decodeOrder([]byte(`{"order_id":"o1","customer":"c","amount_cents":250}`))
-	if err != nil || o != (Order{OrderID: "o1", Customer: "c", AmountCents: 250}) {
-		t.Errorf("decodeOrder(valid) = %+v, %v", o, err)
 	}
 }

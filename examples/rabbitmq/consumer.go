@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // consumerConfig is what one consumer process needs; main fills it from flags
@@ -43,20 +43,11 @@ type consumer struct {
 // crash) RabbitMQ redelivers to another consumer, and pgdedup skips what had
 // already committed.
 func consume(ctx context.Context, cfg consumerConfig) error {
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
-	}
-	pcfg.MaxConns = int32(cfg.Workers) + 1
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect to Postgres: %w", err)
-	}
-	defer pool.Close()
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", LockTimeout: cfg.LockTimeout, Logger: cfg.Log})
+	pool, store, err := shop.OpenStore(ctx, cfg.DatabaseURL, cfg.Workers, cfg.LockTimeout, cfg.Log)
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	c := &consumer{cfg: cfg, store: store}
 
 	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": cfg.Name}})
@@ -130,7 +121,7 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 		id = pgdedup.ContentKey(d.Body)
 	}
 	log := c.cfg.Log.With("message_id", id, "redelivered", d.Redelivered)
-	order, err := decodeOrder(d.Body)
+	order, err := shop.DecodeOrder(d.Body)
 	if err == nil {
 		err = pgdedup.ValidateMessageID(id)
 	}
@@ -142,7 +133,7 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 	}
 
 	processed, err := c.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-		if err := charge(ctx, tx, order, id, c.cfg.Name); err != nil {
+		if err := shop.Charge(ctx, tx, order, id, c.cfg.Name); err != nil {
 			return err
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -10,14 +9,14 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
 )
 
 // rabbitURL returns AMQP_URL, or the local guest account, once it answers.
 // Without a broker the test fails in CI (CI set) and skips elsewhere.
 func rabbitURL(t *testing.T) string {
 	t.Helper()
-	u := env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	u := cli.Env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -56,64 +55,4 @@ func testQueue(t *testing.T, amqpURL string, rng *rand.Rand) (*amqp.Channel, str
 		}
 	})
 	return ch, queue
-}
-
-func countCharged(t *testing.T, db *pgtest.DB) int {
-	t.Helper()
-	return pgtest.Count(t, db.Pool, "SELECT count(DISTINCT order_id) FROM charges")
-}
-
-// countRolledBack is how many charge INSERTs were rolled back: sequence values
-// are not given back on rollback, so each leaves a gap in charges.id.
-func countRolledBack(t *testing.T, db *pgtest.DB) int {
-	t.Helper()
-	return pgtest.Count(t, db.Pool, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
-}
-
-// checkCharges asserts that charges holds exactly one row per order of want,
-// with its customer and amount, and nothing else, and that pgdedup recorded
-// one message ID per order.
-func checkCharges(t *testing.T, db *pgtest.DB, want map[string]Order) {
-	t.Helper()
-	ctx := context.Background()
-	rows, err := db.Pool.Query(ctx, "SELECT order_id, customer, amount_cents, count(*) OVER (PARTITION BY order_id) FROM charges")
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	var bad []string
-	for rows.Next() {
-		var o Order
-		var n int
-		if err := rows.Scan(&o.OrderID, &o.Customer, &o.AmountCents, &n); err != nil {
-			t.Fatal(err)
-		}
-		switch w, ok := want[o.OrderID]; {
-		case !ok:
-			bad = append(bad, fmt.Sprintf("charged unknown order %+v", o))
-		case n != 1 && !seen[o.OrderID]:
-			bad = append(bad, fmt.Sprintf("order %s charged %d times", o.OrderID, n))
-		case o != w:
-			bad = append(bad, fmt.Sprintf("order %s charged as %+v, published as %+v", o.OrderID, o, w))
-		}
-		seen[o.OrderID] = true
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	for id := range want {
-		if !seen[id] {
-			bad = append(bad, fmt.Sprintf("order %s never charged", id))
-		}
-	}
-	if len(bad) > 0 {
-		t.Errorf("%d problems in charges, first ones: %v", len(bad), bad[:min(len(bad), 10)])
-	}
-	var ids int
-	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM processed_messages WHERE consumer = 'billing'").Scan(&ids); err != nil {
-		t.Fatal(err)
-	}
-	if ids != len(want) {
-		t.Errorf("processed_messages holds %d IDs for billing, want one per order: %d", ids, len(want))
-	}
 }

@@ -12,6 +12,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/fleet"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -34,13 +36,13 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 			db := pgtest.New(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := migrate(ctx, db.Pool); err != nil {
+			if err := shop.Migrate(ctx, db.Pool); err != nil {
 				t.Fatal(err)
 			}
 			ch, queue := testQueue(t, amqpURL, rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)))
 
 			// The first delivery: claimed and charged, not yet committed.
-			order := Order{OrderID: "o1", Customer: "c", AmountCents: 990}
+			order := shop.Order{OrderID: "o1", Customer: "c", AmountCents: 990}
 			const id = "charge-o1"
 			store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
 			if err != nil {
@@ -54,7 +56,7 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 			if claimed, err := store.Claim(ctx, first, id); err != nil || !claimed {
 				t.Fatalf("Claim = %t, %v", claimed, err)
 			}
-			if err := charge(ctx, first, order, id, "first"); err != nil {
+			if err := shop.Charge(ctx, first, order, id, "first"); err != nil {
 				t.Fatal(err)
 			}
 
@@ -63,7 +65,7 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 			if err := publish(ctx, ch, queue, []amqp.Publishing{{MessageId: id, DeliveryMode: amqp.Persistent, Body: body}}); err != nil {
 				t.Fatal(err)
 			}
-			out := &procLog{}
+			out := &fleet.Log{}
 			consumeCtx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() {
@@ -73,8 +75,8 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 					Log: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug})),
 				})
 			}()
-			waitFor(t, ctx, out, "3 in-flight requeues", func(n logCounts) bool { return n.inFlight >= 3 })
-			if n := out.counts(); n.processed+n.duplicates != 0 {
+			waitFor(t, ctx, out, "3 in-flight requeues", func(n fleet.Counts) bool { return n.InFlight >= 3 })
+			if n := out.Counts(); n.Processed+n.Duplicates != 0 {
 				t.Fatalf("the duplicate was settled while the first delivery held its ID: %+v", n)
 			}
 
@@ -86,7 +88,7 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, ctx, out, "the message settled", func(n logCounts) bool { return n.processed+n.duplicates > 0 })
+			waitFor(t, ctx, out, "the message settled", func(n fleet.Counts) bool { return n.Processed+n.Duplicates > 0 })
 			stop()
 			if err := <-done; err != nil {
 				t.Fatalf("consume after SIGTERM-like cancel: %v", err)
@@ -103,18 +105,18 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 			if q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil || q.Messages != 0 {
 				t.Errorf("queue after the consumer stopped: %d messages, %v; want empty", q.Messages, err)
 			}
-			t.Logf("in-flight requeues: %d", out.counts().inFlight)
+			t.Logf("in-flight requeues: %d", out.Counts().InFlight)
 		})
 	}
 }
 
 // waitFor polls out until cond holds, failing the test when ctx ends first.
-func waitFor(t *testing.T, ctx context.Context, out *procLog, what string, cond func(logCounts) bool) {
+func waitFor(t *testing.T, ctx context.Context, out *fleet.Log, what string, cond func(fleet.Counts) bool) {
 	t.Helper()
-	for !cond(out.counts()) {
+	for !cond(out.Counts()) {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v; consumer log:\n%s", what, ctx.Err(), out.lastLines())
+			t.Fatalf("waiting for %s: %v; consumer log:\n%s", what, ctx.Err(), out.LastLines())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

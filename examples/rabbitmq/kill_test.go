@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -10,6 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgdedup/pgdedup/examples/internal/fleet"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -29,7 +30,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if err := migrate(ctx, db.Pool); err != nil {
+	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	seed := uint64(time.Now().UnixNano())
@@ -39,9 +40,9 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	ch, queue := testQueue(t, amqpURL, rng)
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}
 	msgs, dups := batch.messages(rng)
-	want := make(map[string]Order, orders)
+	want := make(map[string]shop.Order, orders)
 	for _, m := range msgs {
-		o, err := decodeOrder(m.Body)
+		o, err := shop.DecodeOrder(m.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,58 +60,35 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	start := time.Now()
 	args := []string{"-database-url", db.URL, "-amqp-url", amqpURL, "-queue", queue,
 		"-prefetch", "16", "-workers", "3", "-handler-delay", "8ms", "-lock-timeout", "500ms"}
-	var all, live []*proc
-	startOne := func() {
-		p := startConsumer(t, fmt.Sprintf("c%02d", len(all)+1), args...)
-		all, live = append(all, p), append(live, p)
-	}
-	for range consumers {
-		startOne()
-	}
+	g := fleet.NewGroup(t, childEnv, consumers, args...)
 
-	// Kill at random points of progress, so that the kills land while
-	// deliveries are being processed however fast this machine is.
-	var killAt []int
-	for i := range kills {
-		killAt = append(killAt, int((float64(i)+rng.Float64())/float64(kills+1)*orders))
-	}
+	killAt := fleet.KillPoints(rng, kills, orders)
 	killed := 0
 	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
 		if ctx.Err() != nil {
-			t.Fatalf("queue not drained after %s: %d orders charged of %d\n%s", time.Since(start), countCharged(t, db), orders, lastLines(all))
+			t.Fatalf("queue not drained after %s: %d orders charged of %d\n%s", time.Since(start), fleet.CountCharged(t, db), orders, g.LastLines())
 		}
-		charged := countCharged(t, db)
+		charged := fleet.CountCharged(t, db)
 		if killed < kills && charged >= killAt[killed] {
-			i := rng.IntN(len(live))
-			victim := live[i]
-			victim.kill()
-			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.name, charged, orders, victim.log.counts().deliveries)
-			live = slices.Delete(live, i, i+1)
+			victim := g.KillOne(rng)
+			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.Name, charged, orders, victim.Log.Counts().Deliveries)
 			killed++
-			startOne()
+			g.StartOne()
 			continue
 		}
-		for _, p := range live {
-			if !p.running() {
-				t.Fatalf("consumer %s exited: %v\n%s", p.name, p.err, p.log.lastLines())
-			}
-		}
+		g.CheckRunning()
 		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Drained: all charged, nothing ready, and RabbitMQ has dropped the
 		// killed consumers (so it has requeued what they held).
-		if charged == orders && q.Messages == 0 && q.Consumers == len(live) {
+		if charged == orders && q.Messages == 0 && q.Consumers == len(g.Live) {
 			break
 		}
 	}
 
-	for _, p := range live { // SIGTERM: finish, ack and exit cleanly
-		if err := p.stop(15 * time.Second); err != nil {
-			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.name, err, p.log.lastLines())
-		}
-	}
+	g.StopLive(15 * time.Second) // SIGTERM: finish, ack and exit cleanly
 	elapsed := time.Since(start)
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
@@ -120,37 +98,26 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		t.Errorf("%d messages left in the queue after all consumers stopped: some delivery was never acked or rejected", q.Messages)
 	}
 
-	checkCharges(t, db, want)
-	var total logCounts
-	for _, p := range all {
-		total.add(p.log.counts())
-	}
-	rolledBack := countRolledBack(t, db)
+	fleet.CheckCharges(t, db, want)
+	total := g.Counts()
+	rolledBack := fleet.CountRolledBack(t, db)
 	t.Logf("%d messages (%d orders, %d published twice, %d unparseable) in %s; %d consumer processes, %d SIGKILLed",
-		len(msgs), orders, dups, len(poison), elapsed.Round(time.Millisecond), len(all), killed)
+		len(msgs), orders, dups, len(poison), elapsed.Round(time.Millisecond), len(g.All), killed)
 	t.Logf("deliveries logged %d, redelivered %d (charged %d, skipped as already charged %d), in-flight requeues %d, rejected %d; charges rolled back by kills %d",
-		total.deliveries, total.redelivered, total.redeliveredProcessed, total.redeliveredDuplicates, total.inFlight, total.rejected, rolledBack)
+		total.Deliveries, total.Redelivered, total.RedeliveredProcessed, total.RedeliveredDuplicates, total.InFlight, total.Rejected, rolledBack)
 
 	switch {
-	case total.races > 0:
-		t.Errorf("the race detector reported %d data races in consumers", total.races)
-	case total.failed > 0:
-		t.Errorf("%d deliveries failed", total.failed)
+	case total.Races > 0:
+		t.Errorf("the race detector reported %d data races in consumers", total.Races)
+	case total.Failed > 0:
+		t.Errorf("%d deliveries failed", total.Failed)
 	case killed < kills/2:
 		t.Errorf("only %d consumers killed, want at least %d: the queue drained too fast to test crashes", killed, kills/2)
-	case total.redelivered == 0:
+	case total.Redelivered == 0:
 		t.Errorf("no delivery was redelivered: the kills tested nothing")
 	case rolledBack == 0:
 		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
-	case total.rejected < len(poison):
-		t.Errorf("%d deliveries rejected, want at least the %d unparseable ones", total.rejected, len(poison))
+	case total.Rejected < len(poison):
+		t.Errorf("%d deliveries rejected, want at least the %d unparseable ones", total.Rejected, len(poison))
 	}
-}
-
-func lastLines(procs []*proc) string {
-	var s string
-	for _, p := range procs {
-		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.name, p.running(), p.log.lastLines())
-	}
-	return s
 }

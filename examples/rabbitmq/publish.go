@@ -9,6 +9,8 @@ import (
 	"slices"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // declareQueue declares the orders queue, durable so that persistent messages
@@ -41,7 +43,7 @@ func (b orderBatch) messages(rng *rand.Rand) (msgs []amqp.Publishing, duplicates
 	}
 	var all []keyed
 	for i := range b.Orders {
-		o := Order{
+		o := shop.Order{
 			OrderID:     fmt.Sprintf("ord-%s-%06d", b.RunID, i),
 			Customer:    fmt.Sprintf("cust-%04d", rng.IntN(1000)),
 			AmountCents: 100 + rng.Int64N(100_000),

@@ -1,4 +1,6 @@
-package main
+// Package shop is what the broker examples share: the order a message
+// carries, its validation, and the charge written in pgdedup's transaction.
+package shop
 
 import (
 	"context"
@@ -14,39 +16,41 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// Order is the body of one message on the orders subject: charge a customer for
-// an order. The broker may deliver it more than once; the charge must happen once.
+// Order is the body of one message on the orders queue or subject: charge a
+// customer for an order. The broker may deliver it more than once; the charge
+// must happen once.
 type Order struct {
 	OrderID     string `json:"order_id"`
 	Customer    string `json:"customer"`
 	AmountCents int64  `json:"amount_cents"`
 }
 
-// errBadOrder marks a message that can never be processed (not JSON, missing
-// fields). Redelivering it would loop forever, so the consumer terminates it instead.
-var errBadOrder = errors.New("bad order message")
+// ErrBadOrder marks a message that can never be processed (not JSON, missing
+// fields). Redelivering it would loop forever, so the consumer rejects (or
+// terminates) it instead.
+var ErrBadOrder = errors.New("bad order message")
 
-// decodeOrder parses and checks a message body before anything touches the
+// DecodeOrder parses and checks a message body before anything touches the
 // database.
-func decodeOrder(body []byte) (Order, error) {
+func DecodeOrder(body []byte) (Order, error) {
 	var o Order
 	if err := json.Unmarshal(body, &o); err != nil {
-		return Order{}, fmt.Errorf("%w: %v", errBadOrder, err)
+		return Order{}, fmt.Errorf("%w: %v", ErrBadOrder, err)
 	}
 	switch {
 	case o.OrderID == "":
-		return Order{}, fmt.Errorf("%w: order_id is empty", errBadOrder)
+		return Order{}, fmt.Errorf("%w: order_id is empty", ErrBadOrder)
 	case o.AmountCents <= 0:
-		return Order{}, fmt.Errorf("%w: order %s: amount_cents must be positive, got %d", errBadOrder, o.OrderID, o.AmountCents)
+		return Order{}, fmt.Errorf("%w: order %s: amount_cents must be positive, got %d", ErrBadOrder, o.OrderID, o.AmountCents)
 	}
 	return o, nil
 }
 
-// chargesDDL is the business table. It deliberately has no unique constraint
+// ChargesDDL is the business table. It deliberately has no unique constraint
 // on order_id: a ledger often may hold several charges for one order, and here
 // it makes a double charge visible instead of turning it into an error.
 // processed_messages is what keeps each message's charge to one row.
-const chargesDDL = `CREATE TABLE IF NOT EXISTS charges (
+const ChargesDDL = `CREATE TABLE IF NOT EXISTS charges (
 	id           bigserial   PRIMARY KEY,
 	order_id     text        NOT NULL,
 	customer     text        NOT NULL,
@@ -56,23 +60,23 @@ const chargesDDL = `CREATE TABLE IF NOT EXISTS charges (
 	charged_at   timestamptz NOT NULL DEFAULT now()
 )`
 
-// migrate creates pgdedup's processed_messages and the charges table in the
+// Migrate creates pgdedup's processed_messages and the charges table in the
 // search_path of pool's connections. Both are idempotent.
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer func(db *sql.DB) { _ = db.Close() }(db)
 	if err := pgdedup.Migrate(ctx, db); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, chargesDDL); err != nil {
+	if _, err := pool.Exec(ctx, ChargesDDL); err != nil {
 		return fmt.Errorf("create charges: %w", err)
 	}
 	return nil
 }
 
-// charge records the charge for o in tx, the transaction in which pgdedup
+// Charge records the charge for o in tx, the transaction in which pgdedup
 // claimed the message: both commit together or not at all.
-func charge(ctx context.Context, tx pgx.Tx, o Order, messageID, chargedBy string) error {
+func Charge(ctx context.Context, tx pgx.Tx, o Order, messageID, chargedBy string) error {
 	_, err := tx.Exec(ctx,
 		`INSERT INTO charges (order_id, customer, amount_cents, message_id, charged_by) VALUES ($1, $2, $3, $4, $5)`,
 		o.OrderID, o.Customer, o.AmountCents, messageID, chargedBy)
