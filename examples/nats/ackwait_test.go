@@ -36,7 +36,7 @@ func TestHandlerSlowerThanAckWait(t *testing.T) {
 	if _, _, err := publish(ctx, ts.js, msgs); err != nil {
 		t.Fatal(err)
 	}
-	p := startConsumer(t, "slow", "-database-url", db.URL, "-nats-url", url, "-stream", ts.stream, "-subject", ts.subject,
+	p := fleet.Start(t, childEnv, "slow", "-database-url", db.URL, "-nats-url", url, "-stream", ts.stream, "-subject", ts.subject,
 		"-durable", ts.durable, "-ack-wait", "1s", "-handler-delay", "1300ms", "-lock-timeout", "300ms", "-workers", "8", "-batch", "16")
 	stream, err := ts.js.Stream(ctx, ts.stream)
 	if err != nil {

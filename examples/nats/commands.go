@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -21,39 +20,20 @@ import (
 
 // Defaults match docker-compose.yml and a local nats-server -js.
 const (
-	defaultDatabaseURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
-	defaultNATSURL     = "nats://127.0.0.1:4222"
-	defaultStream      = "ORDERS"
-	defaultSubject     = "orders.charge"
-	defaultDurable     = "billing"
+	defaultNATSURL = "nats://127.0.0.1:4222"
+	defaultStream  = "ORDERS"
+	defaultSubject = "orders.charge"
+	defaultDurable = "billing"
 	// defaultDupWindow is JetStream's own default for the publish-side
 	// duplicate window, made explicit.
 	defaultDupWindow = 2 * time.Minute
 )
 
-func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	dbURL := fs.String("database-url", cli.Env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	if err := cli.Parse(fs, args, stderr); err != nil {
-		return err
-	}
-	pool, err := pgxpool.New(ctx, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := shop.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "migrated: processed_messages and charges are ready")
-	return nil
-}
-
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
 	var cfg consumerConfig
-	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", shop.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", cli.Env("NATS_URL", defaultNATSURL), "NATS URL (env NATS_URL)")
 	fs.StringVar(&cfg.Stream, "stream", cli.Env("STREAM", defaultStream), "JetStream stream, created if missing (env STREAM)")
 	fs.StringVar(&cfg.Subject, "subject", cli.Env("SUBJECT", defaultSubject), "the stream's subject (env SUBJECT)")
@@ -106,13 +86,8 @@ func runPublish(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
-	switch {
-	case b.Orders < 1:
-		return fmt.Errorf("-orders must be at least 1, got %d", b.Orders)
-	case b.Duplicates < 0 || b.Duplicates > 1:
-		return fmt.Errorf("-duplicates must be between 0 and 1, got %g", b.Duplicates)
-	case b.WithoutID < 0 || b.WithoutID > 1:
-		return fmt.Errorf("-without-id must be between 0 and 1, got %g", b.WithoutID)
+	if err := shop.CheckBatch(b.Orders, b.Duplicates, b.WithoutID); err != nil {
+		return err
 	}
 	nc, err := nats.Connect(*natsURL)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -41,20 +40,11 @@ type consumerConfig struct {
 // anything left unacked (a timeout, a crash) JetStream redelivers after
 // AckWait, and pgdedup skips what had already committed.
 func consume(ctx context.Context, cfg consumerConfig) error {
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
-	}
-	pcfg.MaxConns = int32(cfg.Workers) + 1
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect to Postgres: %w", err)
-	}
-	defer pool.Close()
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", LockTimeout: cfg.LockTimeout, Logger: cfg.Log})
+	pool, store, err := shop.OpenStore(ctx, cfg.DatabaseURL, cfg.Workers, cfg.LockTimeout, cfg.Log)
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 
 	nc, err := nats.Connect(cfg.NATSURL, nats.Name(cfg.Name))
 	if err != nil {

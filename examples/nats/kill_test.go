@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -86,44 +85,27 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 
 	args := []string{"-database-url", db.URL, "-nats-url", url, "-stream", ts.stream, "-subject", ts.subject, "-durable", ts.durable,
 		"-ack-wait", ackWait.String(), "-batch", "16", "-workers", "3", "-handler-delay", "8ms", "-lock-timeout", "500ms"}
-	var all, live []*fleet.Proc
-	startOne := func() {
-		p := startConsumer(t, fmt.Sprintf("c%02d", len(all)+1), args...)
-		all, live = append(all, p), append(live, p)
-	}
-	for range consumers {
-		startOne()
-	}
+	g := fleet.NewGroup(t, childEnv, consumers, args...)
 	stream, err := ts.js.Stream(ctx, ts.stream)
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	var killAt []int
-	for i := range kills {
-		killAt = append(killAt, int((float64(i)+rng.Float64())/float64(kills+1)*orders))
-	}
+	killAt := fleet.KillPoints(rng, kills, orders)
 	killed := 0
 	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
 		if ctx.Err() != nil {
-			t.Fatalf("stream not drained after %s: %d orders charged of %d\n%s", time.Since(start), fleet.CountCharged(t, db), orders, lastLines(all))
+			t.Fatalf("stream not drained after %s: %d orders charged of %d\n%s", time.Since(start), fleet.CountCharged(t, db), orders, g.LastLines())
 		}
 		charged := fleet.CountCharged(t, db)
 		if killed < kills && charged >= killAt[killed] {
-			i := rng.IntN(len(live))
-			victim := live[i]
-			victim.Kill()
+			victim := g.KillOne(rng)
 			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.Name, charged, orders, victim.Log.Counts().Deliveries)
-			live = slices.Delete(live, i, i+1)
 			killed++
-			startOne()
+			g.StartOne()
 			continue
 		}
-		for _, p := range live {
-			if !p.Running() {
-				t.Fatalf("consumer %s exited: %v\n%s", p.Name, p.Err(), p.Log.LastLines())
-			}
-		}
+		g.CheckRunning()
 		// The consumer may not exist for the first few ticks.
 		info, err := consumerInfo(ctx, stream, ts.durable)
 		if err != nil {
@@ -136,11 +118,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		}
 	}
 
-	for _, p := range live { // SIGTERM: finish, ack and exit cleanly
-		if err := p.Stop(15 * time.Second); err != nil {
-			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.Name, err, p.Log.LastLines())
-		}
-	}
+	g.StopLive(15 * time.Second) // SIGTERM: finish, ack and exit cleanly
 	elapsed := time.Since(start)
 	info, err := consumerInfo(ctx, stream, ts.durable)
 	if err != nil {
@@ -151,13 +129,10 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	}
 
 	fleet.CheckCharges(t, db, want)
-	var total fleet.Counts
-	for _, p := range all {
-		total.Add(p.Log.Counts())
-	}
+	total := g.Counts()
 	rolledBack := fleet.CountRolledBack(t, db)
 	t.Logf("%d messages published (%d orders, %d of them twice at once, %d unparseable): %d stored, %d dropped by JetStream's %s duplicate window; %d republished after the window, all stored; %s; %d consumer processes, %d SIGKILLed",
-		len(msgs), orders, dups, len(poison), stored, dropped, dupWindow, len(late), elapsed.Round(time.Millisecond), len(all), killed)
+		len(msgs), orders, dups, len(poison), stored, dropped, dupWindow, len(late), elapsed.Round(time.Millisecond), len(g.All), killed)
 	t.Logf("deliveries logged %d (JetStream redelivered %d: charged %d, skipped as already charged %d), duplicates skipped %d, in-flight naks %d, terminated %d; charges rolled back by kills %d",
 		total.Deliveries, total.Redelivered, total.RedeliveredProcessed, total.RedeliveredDuplicates, total.Duplicates, total.InFlight, total.Rejected, rolledBack)
 
@@ -192,12 +167,4 @@ func consumerInfo(ctx context.Context, s jetstream.Stream, durable string) (*jet
 		return nil, err
 	}
 	return c.Info(ctx)
-}
-
-func lastLines(procs []*fleet.Proc) string {
-	var s string
-	for _, p := range procs {
-		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.Name, p.Running(), p.Log.LastLines())
-	}
-	return s
 }

@@ -20,6 +20,7 @@ import (
 	"syscall"
 
 	"github.com/pgdedup/pgdedup/examples/internal/cli"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 const usage = `usage: nats <command> [flags]
@@ -47,7 +48,7 @@ func runWithSignals(args []string) int {
 // failure, 2 on bad usage.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.Run(ctx, "nats", usage, map[string]cli.Command{
-		"migrate": runMigrate,
+		"migrate": shop.RunMigrate,
 		"consume": runConsume,
 		"publish": runPublish,
 	}, args, stdout, stderr)

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgdedup/pgdedup/examples/internal/cli"
@@ -20,34 +19,15 @@ import (
 
 // Defaults match docker-compose.yml and a local RabbitMQ with its guest user.
 const (
-	defaultDatabaseURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
-	defaultAMQPURL     = "amqp://guest:guest@localhost:5672/"
-	defaultQueue       = "orders"
+	defaultAMQPURL = "amqp://guest:guest@localhost:5672/"
+	defaultQueue   = "orders"
 )
-
-func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	dbURL := fs.String("database-url", cli.Env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	if err := cli.Parse(fs, args, stderr); err != nil {
-		return err
-	}
-	pool, err := pgxpool.New(ctx, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := shop.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "migrated: processed_messages and charges are ready")
-	return nil
-}
 
 func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
 	var cfg consumerConfig
-	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", shop.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", cli.Env("AMQP_URL", defaultAMQPURL), "RabbitMQ URL (env AMQP_URL)")
 	fs.StringVar(&cfg.Queue, "queue", cli.Env("QUEUE", defaultQueue), "durable queue to consume (env QUEUE)")
 	fs.IntVar(&cfg.Prefetch, "prefetch", envInt("PREFETCH", 32, stderr), "unacked deliveries held at once (env PREFETCH)")
@@ -87,13 +67,8 @@ func runPublish(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
-	switch {
-	case b.Orders < 1:
-		return fmt.Errorf("-orders must be at least 1, got %d", b.Orders)
-	case b.Duplicates < 0 || b.Duplicates > 1:
-		return fmt.Errorf("-duplicates must be between 0 and 1, got %g", b.Duplicates)
-	case b.WithoutID < 0 || b.WithoutID > 1:
-		return fmt.Errorf("-without-id must be between 0 and 1, got %g", b.WithoutID)
+	if err := shop.CheckBatch(b.Orders, b.Duplicates, b.WithoutID); err != nil {
+		return err
 	}
 	conn, err := amqp.Dial(*amqpURL)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgdedup/pgdedup"
@@ -44,20 +43,11 @@ type consumer struct {
 // crash) RabbitMQ redelivers to another consumer, and pgdedup skips what had
 // already committed.
 func consume(ctx context.Context, cfg consumerConfig) error {
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
-	}
-	pcfg.MaxConns = int32(cfg.Workers) + 1
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect to Postgres: %w", err)
-	}
-	defer pool.Close()
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", LockTimeout: cfg.LockTimeout, Logger: cfg.Log})
+	pool, store, err := shop.OpenStore(ctx, cfg.DatabaseURL, cfg.Workers, cfg.LockTimeout, cfg.Log)
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	c := &consumer{cfg: cfg, store: store}
 
 	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": cfg.Name}})

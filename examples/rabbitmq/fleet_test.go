@@ -3,8 +3,6 @@ package main
 import (
 	"os"
 	"testing"
-
-	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 )
 
 // childEnv makes the test binary run as the consumer command instead of the
@@ -17,10 +15,4 @@ func TestMain(m *testing.M) {
 		os.Exit(runWithSignals(os.Args[1:]))
 	}
 	os.Exit(m.Run())
-}
-
-// startConsumer starts the test binary as "rabbitmq consume args...".
-func startConsumer(t *testing.T, name string, args ...string) *fleet.Proc {
-	t.Helper()
-	return fleet.Start(t, childEnv, name, args...)
 }

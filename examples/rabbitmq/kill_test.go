@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -61,58 +60,35 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	start := time.Now()
 	args := []string{"-database-url", db.URL, "-amqp-url", amqpURL, "-queue", queue,
 		"-prefetch", "16", "-workers", "3", "-handler-delay", "8ms", "-lock-timeout", "500ms"}
-	var all, live []*fleet.Proc
-	startOne := func() {
-		p := startConsumer(t, fmt.Sprintf("c%02d", len(all)+1), args...)
-		all, live = append(all, p), append(live, p)
-	}
-	for range consumers {
-		startOne()
-	}
+	g := fleet.NewGroup(t, childEnv, consumers, args...)
 
-	// Kill at random points of progress, so that the kills land while
-	// deliveries are being processed however fast this machine is.
-	var killAt []int
-	for i := range kills {
-		killAt = append(killAt, int((float64(i)+rng.Float64())/float64(kills+1)*orders))
-	}
+	killAt := fleet.KillPoints(rng, kills, orders)
 	killed := 0
 	for tick := time.NewTicker(50 * time.Millisecond); ; <-tick.C {
 		if ctx.Err() != nil {
-			t.Fatalf("queue not drained after %s: %d orders charged of %d\n%s", time.Since(start), fleet.CountCharged(t, db), orders, lastLines(all))
+			t.Fatalf("queue not drained after %s: %d orders charged of %d\n%s", time.Since(start), fleet.CountCharged(t, db), orders, g.LastLines())
 		}
 		charged := fleet.CountCharged(t, db)
 		if killed < kills && charged >= killAt[killed] {
-			i := rng.IntN(len(live))
-			victim := live[i]
-			victim.Kill()
+			victim := g.KillOne(rng)
 			t.Logf("SIGKILL %s at %d/%d orders charged (%d deliveries logged)", victim.Name, charged, orders, victim.Log.Counts().Deliveries)
-			live = slices.Delete(live, i, i+1)
 			killed++
-			startOne()
+			g.StartOne()
 			continue
 		}
-		for _, p := range live {
-			if !p.Running() {
-				t.Fatalf("consumer %s exited: %v\n%s", p.Name, p.Err(), p.Log.LastLines())
-			}
-		}
+		g.CheckRunning()
 		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Drained: all charged, nothing ready, and RabbitMQ has dropped the
 		// killed consumers (so it has requeued what they held).
-		if charged == orders && q.Messages == 0 && q.Consumers == len(live) {
+		if charged == orders && q.Messages == 0 && q.Consumers == len(g.Live) {
 			break
 		}
 	}
 
-	for _, p := range live { // SIGTERM: finish, ack and exit cleanly
-		if err := p.Stop(15 * time.Second); err != nil {
-			t.Errorf("consumer %s after SIGTERM: %v\n%s", p.Name, err, p.Log.LastLines())
-		}
-	}
+	g.StopLive(15 * time.Second) // SIGTERM: finish, ack and exit cleanly
 	elapsed := time.Since(start)
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
@@ -123,13 +99,10 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	}
 
 	fleet.CheckCharges(t, db, want)
-	var total fleet.Counts
-	for _, p := range all {
-		total.Add(p.Log.Counts())
-	}
+	total := g.Counts()
 	rolledBack := fleet.CountRolledBack(t, db)
 	t.Logf("%d messages (%d orders, %d published twice, %d unparseable) in %s; %d consumer processes, %d SIGKILLed",
-		len(msgs), orders, dups, len(poison), elapsed.Round(time.Millisecond), len(all), killed)
+		len(msgs), orders, dups, len(poison), elapsed.Round(time.Millisecond), len(g.All), killed)
 	t.Logf("deliveries logged %d, redelivered %d (charged %d, skipped as already charged %d), in-flight requeues %d, rejected %d; charges rolled back by kills %d",
 		total.Deliveries, total.Redelivered, total.RedeliveredProcessed, total.RedeliveredDuplicates, total.InFlight, total.Rejected, rolledBack)
 
@@ -147,12 +120,4 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	case total.Rejected < len(poison):
 		t.Errorf("%d deliveries rejected, want at least the %d unparseable ones", total.Rejected, len(poison))
 	}
-}
-
-func lastLines(procs []*fleet.Proc) string {
-	var s string
-	for _, p := range procs {
-		s += fmt.Sprintf("--- %s (running %t)\n%s\n", p.Name, p.Running(), p.Log.LastLines())
-	}
-	return s
 }

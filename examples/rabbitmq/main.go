@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"github.com/pgdedup/pgdedup/examples/internal/cli"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 const usage = `usage: rabbitmq <command> [flags]
@@ -48,7 +49,7 @@ func runWithSignals(args []string) int {
 // failure, 2 on bad usage.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.Run(ctx, "rabbitmq", usage, map[string]cli.Command{
-		"migrate": runMigrate,
+		"migrate": shop.RunMigrate,
 		"consume": runConsume,
 		"publish": runPublish,
 	}, args, stdout, stderr)
