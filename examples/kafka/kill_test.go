@@ -185,6 +185,14 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	t.Logf("batches logged %d (%d records): skipped as processed before %d records (%d batches whole), charged %d, produced twice %d, rejected %d; in-flight give-ups %d, fenced %d; assignments %d; charges rolled back by kills %d",
 		total.batches, total.records, total.skipped, total.duplicate, total.charged, total.producedTwice, total.rejected, total.inFlight, total.fenced, total.assignments, rolledBack)
 
+	// Which partitions the rewinder gets is the group balancer's choice: on a
+	// slow machine it can join while a rebalance is in flight and end up with
+	// none. That run says nothing about the offset check (asserted
+	// deterministically by the root package's TestProcessOffsetsSkipsAtOrBelowStored);
+	// every other assertion still holds.
+	if rewinder != nil && rewinder.log.counts().batches == 0 {
+		t.Logf("the rewinding consumer %s read no batch (%d assignments): the offset check was not exercised by this run", rewinder.name, rewinder.log.counts().assignments)
+	}
 	switch {
 	case total.races > 0:
 		t.Errorf("the race detector reported %d data races in consumers", total.races)
@@ -192,8 +200,8 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		t.Errorf("%d batches failed", total.failed)
 	case killed < kills/2:
 		t.Errorf("only %d consumers killed, want at least %d", killed, kills/2)
-	case total.skipped == 0:
-		t.Errorf("no record was skipped by the offset check: the rewinding consumer tested nothing")
+	case total.skipped == 0 && rewinder != nil && rewinder.log.counts().batches > 0:
+		t.Errorf("the rewinding consumer read %d batches from offset 0 and the offset check skipped none of them", rewinder.log.counts().batches)
 	case rolledBack == 0:
 		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
 	}
