@@ -82,7 +82,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, demoUsage, flagHelp(fs), demoExamples)
 			return 0
 		}
-		fmt.Fprintf(stderr, "pgdedup demo: %v\nRun \"pgdedup demo --help\" for the flags.\n", err)
+		fmt.Fprintf(stderr, "pgdedup demo: %s\nRun \"pgdedup demo --help\" for the flags.\n", flagError(fs, err))
 		return 2
 	}
 	if fs.NArg() > 0 {
