@@ -62,6 +62,12 @@ var ErrMigratedByAnotherTool = errors.New("pgdedup: processed_messages was creat
 // for the others. It does not close db. If your own goose applies pgdedup's
 // migrations (see [Migrations]), do not call Migrate: it returns
 // [ErrMigratedByAnotherTool].
+//
+// Applying a migration takes the tables' owner (or a role with CREATE on the
+// schema, for the first). A runtime role with no more than SELECT on
+// [VersionTable] may still call Migrate at startup: when nothing is pending it
+// only reads that table and returns nil; when something is, it fails at once,
+// changing nothing, and the owner applies it (`pgdedup migrate up`).
 func Migrate(ctx context.Context, db *sql.DB) error {
 	if err := CheckMigrationOwner(ctx, db); err != nil {
 		return err
@@ -159,6 +165,7 @@ func NewMigrationProvider(db *sql.DB) (*goose.Provider, error) {
 		lock.WithTableName(LockTable),
 		lock.WithTableLockID(lockID),
 		lock.WithTableLockTimeout(500*time.Millisecond, 1200), // wait up to 10 minutes for another migrator
+		lock.WithTableRetryPolicy(lockRetryable),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("pgdedup: migration lock: %w", err)
@@ -172,6 +179,26 @@ func NewMigrationProvider(db *sql.DB) (*goose.Provider, error) {
 		return nil, fmt.Errorf("pgdedup: migrations: %w", err)
 	}
 	return p, nil
+}
+
+// lockRetryable says whether an error taking or keeping the migration lock
+// may go away by itself: another process holding the lock, a lost
+// connection, a deadlock do; a role without the privileges, a missing schema,
+// a read-only transaction do not, and waiting 10 minutes for them would only
+// hide the cause.
+func lockRetryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	switch pgErr.Code[:2] {
+	case "42", // syntax error or access rule violation: insufficient_privilege, undefined_table…
+		"3F", // invalid schema name
+		"25", // invalid transaction state: read_only_sql_transaction…
+		"28": // invalid authorization specification
+		return false
+	}
+	return true
 }
 
 // holderNamingLocker is goose's table locker, whose error when it gives up

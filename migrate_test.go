@@ -227,3 +227,57 @@ func TestMigrateNamesTheLockHolder(t *testing.T) {
 		t.Errorf("MigrationLockHolder = %q, %v", holder, err)
 	}
 }
+
+// The runtime role may call Migrate at startup with nothing more than SELECT
+// on the version table: on an up-to-date schema it is a check that changes
+// nothing; with a migration pending it fails at once (the owner must apply
+// it) and changes nothing either. Without that SELECT it fails saying which
+// table.
+func TestMigrateAsTheRuntimeRole(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	owner := stdlib.OpenDBFromPool(db.Pool)
+	defer owner.Close()
+	p, err := pgdedup.NewMigrationProvider(owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources := p.ListSources()
+	if _, err := p.UpTo(ctx, sources[len(sources)-2].Version); err != nil { // the newest one pending
+		t.Fatal(err)
+	}
+	role, url := db.NewRole(t)
+	runtime, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.Close()
+	mustExec(t, db.Pool, `GRANT SELECT, INSERT, DELETE ON processed_messages TO `+role)
+
+	if err := pgdedup.Migrate(ctx, runtime); err == nil || !strings.Contains(err.Error(), "permission denied for table "+pgdedup.VersionTable) {
+		t.Errorf("Migrate as a role without SELECT on %s: %v", pgdedup.VersionTable, err)
+	}
+	mustExec(t, db.Pool, `GRANT SELECT ON `+pgdedup.VersionTable+` TO `+role)
+	version := func() int64 {
+		v, err := p.GetDBVersion(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := version()
+	// At once, not after 10 minutes of retrying what waiting cannot fix.
+	if err := pgdedup.Migrate(ctx, runtime); err == nil || !strings.Contains(err.Error(), "permission denied for table "+pgdedup.LockTable) {
+		t.Errorf("Migrate as the runtime role, a migration pending: %v", err)
+	}
+	if v := version(); v != before {
+		t.Errorf("the runtime role's Migrate moved the version from %d to %d", before, v)
+	}
+	if err := pgdedup.Migrate(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgdedup.Migrate(ctx, runtime); err != nil {
+		t.Errorf("Migrate as the runtime role on an up-to-date schema: %v", err)
+	}
+}
