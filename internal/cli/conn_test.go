@@ -155,3 +155,21 @@ func TestHelp(t *testing.T) {
 		t.Errorf("pgdedup --help: %s", r)
 	}
 }
+
+// The usage recommends DATABASE_URL over --database-url, which shows in ps,
+// and sslmode=verify-full in its examples.
+func TestUsageRecommendsTheVariable(t *testing.T) {
+	t.Parallel()
+	r := run(t, "--help")
+	if r.code != 0 || !strings.Contains(r.stdout, "Prefer the variable: a command line is visible to every user") ||
+		!strings.Contains(r.stdout, "sslmode=verify-full") {
+		t.Errorf("pgdedup --help: %s", r)
+	}
+	for _, cmd := range []string{"migrate", "cleanup", "stats", "citus"} {
+		r := run(t, cmd, "--help")
+		if r.code != 0 || !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), "visible to every user of the machine in ps") ||
+			strings.Contains(r.stdout, "sslmode=require") || strings.Contains(r.stdout, "--database-url '") {
+			t.Errorf("pgdedup %s --help: %s", cmd, r)
+		}
+	}
+}

@@ -327,6 +327,25 @@ func TestMigrateUsage(t *testing.T) {
 	}
 }
 
+// migrate up waits for another process's migration lock, saying whose it is,
+// and when it gives up (here when its context ends) says it again.
+func TestMigrateUpNamesTheLockHolder(t *testing.T) {
+	t.Parallel()
+	db := upTo(t, 1)
+	pgtest.Exec(t, db.Pool, `UPDATE `+pgdedup.LockTable+` SET locked = true, locked_by = 'deploy-host-77-c0ffee',
+	locked_at = '2026-03-01T10:00:00Z', lease_expires_at = now() + interval '1 hour'`)
+	var out, errs bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // how long this run is willing to wait
+	defer cancel()
+	code := cli.Main(ctx, []string{"migrate", "up", "--database-url", db.URL}, &out, &errs)
+	r := result{code, out.String(), errs.String()}
+	holder := `held by "deploy-host-77-c0ffee", since 2026-03-01T10:00:00Z`
+	if r.code != 1 || !strings.HasPrefix(r.stderr, "pgdedup migrate: waiting for the migration lock (up to 10 minutes; Ctrl-C to stop): "+holder) ||
+		strings.Count(r.stderr, holder) != 2 || !strings.Contains(r.stderr, "context deadline exceeded") {
+		t.Errorf("migrate up while another process holds the lock: %s", r)
+	}
+}
+
 // upTo returns a new schema migrated up to version.
 func upTo(t *testing.T, version int64) *pgtest.DB {
 	t.Helper()
