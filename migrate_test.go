@@ -163,9 +163,13 @@ func TestMigrateSearchPathWithoutSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pgtest.PgBouncer() { // which refuses a search_path startup parameter
-		url = db.URL
-		mustExec(t, db.Pool, `ALTER ROLE `+db.Schema+` SET search_path = `+missing)
+	if pgtest.PgBouncer() {
+		// PgBouncer refuses a search_path startup parameter, and keeps the
+		// sessions of the test's role open: a role of its own, whose first
+		// session starts with the search_path.
+		var role string
+		role, url = db.NewRole(t)
+		mustExec(t, db.Pool, `ALTER ROLE `+role+` SET search_path = `+missing)
 	}
 	sqlDB, err := sql.Open("pgx", url)
 	if err != nil {
