@@ -45,7 +45,15 @@ func (c *command) down(ctx context.Context, db *sql.DB, p *goose.Provider, confi
 	if err != nil {
 		return c.fail(err)
 	}
-	current := newest(versions)
+	// goose reverts the migration applied last, which is the newest version
+	// unless they were applied out of order.
+	var current int64
+	if len(versions) > 0 {
+		err := db.QueryRowContext(ctx, `SELECT version_id FROM `+pgdedup.VersionTable+` ORDER BY id DESC LIMIT 1`).Scan(&current)
+		if err != nil {
+			return c.fail(fmt.Errorf("read %s: %w", pgdedup.VersionTable, err))
+		}
+	}
 	if current == 0 {
 		fmt.Fprintln(c.stdout, "nothing to revert: no pgdedup migration is applied")
 		return exitOK
@@ -76,12 +84,8 @@ func (c *command) down(ctx context.Context, db *sql.DB, p *goose.Provider, confi
 		}
 		data = data || drops[i].rows > 0
 	}
-	prev := int64(0)
-	for v := range versions {
-		if v < current {
-			prev = max(prev, v)
-		}
-	}
+	delete(versions, current)
+	prev := newest(versions)
 	fmt.Fprintf(c.stdout, "migrate down reverts %s (version %d; afterwards at version %d).\n", name, current, prev)
 	if len(drops) == 0 {
 		fmt.Fprintln(c.stdout, "It drops no table and no column.")
