@@ -39,13 +39,16 @@ import (
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
-	l, err := s.layout(ctx, pgxQueryRow(s.db))
+	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
 	if err != nil {
 		return 0, s.cleanupError(ctx, err)
 	}
-	if l.citus {
-		return s.cleanupCitus(ctx)
-	}
+	return ls.messages.cleanup(ctx, s)
+}
+
+// cleanupPlain is Cleanup on one PostgreSQL server: batches of rows picked in
+// expires_at order and deleted by ctid, with turns taken as cleanupSQL says.
+func (s *Store) cleanupPlain(ctx context.Context) (deleted int64, err error) {
 	turnSQL, deleteSQL := s.cleanupSQL()
 	batch := int64(s.cfg.CleanupBatchSize)
 	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
@@ -59,7 +62,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return deleted, ctxErr
 			}
-			return deleted, fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, withDetail(err))
+			return deleted, fmt.Errorf("pgdedup: cleanup of %s: %w", s.messages.table, withDetail(err))
 		}
 		deleted += n
 		s.log.DebugContext(ctx, "pgdedup: cleanup batch", "deleted", n, "turn", turn, "duration", time.Since(t0))
@@ -120,7 +123,7 @@ func (s *Store) cleanupBatch(ctx context.Context, turnSQL, deleteSQL string, bat
 // The rows are found through the expires_at index and deleted by ctid (a TID
 // scan, no second index lookup); the DELETE checks expires_at again.
 func (s *Store) cleanupSQL() (turn, del string) {
-	t := s.sql.table
+	t := s.messages.table
 	turn = `SELECT set_config('` + cleanupTurnSetting + `', pg_try_advisory_xact_lock(` +
 		cleanupLockClass + `, '` + t + `'::regclass::oid::int4)::text, true)::boolean`
 	del = `WITH deleted AS (
@@ -148,14 +151,18 @@ const cleanupTurnSetting = "pgdedup.cleanup_turn"
 func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration, err error) {
 	switch {
 	case err == nil:
-		s.log.InfoContext(ctx, "pgdedup: cleanup", "table", s.sql.table, "deleted", deleted, "duration", d)
+		s.log.InfoContext(ctx, "pgdedup: cleanup", "table", s.messages.table, "deleted", deleted, "duration", d)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		s.log.InfoContext(ctx, "pgdedup: cleanup stopped", "table", s.sql.table, "deleted", deleted, "duration", d, "error", err)
+		s.log.InfoContext(ctx, "pgdedup: cleanup stopped", "table", s.messages.table, "deleted", deleted, "duration", d, "error", err)
 	default:
-		s.log.WarnContext(ctx, "pgdedup: cleanup failed", "table", s.sql.table, "deleted", deleted, "duration", d, "error", err)
+		s.log.WarnContext(ctx, "pgdedup: cleanup failed", "table", s.messages.table, "deleted", deleted, "duration", d, "error", err)
 	}
 	s.emit(ctx, Event{Kind: EventCleanup, Count: deleted, Duration: d, Err: err})
 }
+
+// MinCleanerInterval is the shortest interval [Store.RunCleaner] accepts: a
+// bare number (3600, meaning 3600ns) is refused rather than run as a busy loop.
+const MinCleanerInterval = time.Millisecond
 
 // RunCleaner runs [Store.Cleanup] about every interval until ctx is done, then returns
 // ctx.Err(); it blocks, so start it in a goroutine of its own and cancel ctx to
@@ -169,10 +176,11 @@ func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration,
 // cleaners are safe and skip each other's rows.
 //
 // Pick interval well below Retention (an hour is a good start); a cleanup that
-// finds nothing to delete costs one index probe.
+// finds nothing to delete costs one index probe. An interval below
+// [MinCleanerInterval] is an error.
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
-	if interval <= 0 {
-		return fmt.Errorf("pgdedup: RunCleaner interval must be positive, got %s", interval)
+	if interval < MinCleanerInterval {
+		return fmt.Errorf("pgdedup: RunCleaner interval must be at least %s, got %s: a Duration counts nanoseconds (write time.Hour, not 3600)", MinCleanerInterval, interval)
 	}
 	t := time.NewTimer(rand.N(interval) + 1)
 	defer t.Stop()

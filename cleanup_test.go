@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -290,9 +291,9 @@ func TestRunCleanerStopsMidRun(t *testing.T) {
 func TestRunCleanerRejectsBadInterval(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	for _, d := range []time.Duration{0, -time.Second} {
-		if err := b.store.RunCleaner(context.Background(), d); err == nil {
-			t.Errorf("RunCleaner(%s) = nil, want an error", d)
+	for _, d := range []time.Duration{0, -time.Second, 1, 3600, pgdedup.MinCleanerInterval - 1} {
+		if err := b.store.RunCleaner(context.Background(), d); err == nil || !strings.Contains(err.Error(), "at least 1ms") {
+			t.Errorf("RunCleaner(%s) = %v, want an error saying the least interval", d, err)
 		}
 	}
 }

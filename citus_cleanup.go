@@ -27,7 +27,7 @@ import (
 // tries the transaction-scoped advisory lock on the coordinator, so every
 // cleaner must connect through the coordinator, as all of pgdedup does.
 func (s *Store) cleanupCitus(ctx context.Context) (deleted int64, err error) {
-	t := s.sql.table
+	t := s.messages.table
 	batch := int64(s.cfg.CleanupBatchSize)
 	var from, now time.Time
 	var empty bool
@@ -80,7 +80,7 @@ func (s *Store) cleanupCitus(ctx context.Context) (deleted int64, err error) {
 // expired rows with expires_at in [from, to) and deletes them if there are at
 // most batch of them or force is set.
 func (s *Store) cleanupWindow(ctx context.Context, from, to time.Time, batch int64, force bool) (deleted, counted int64, turn bool, err error) {
-	t := s.sql.table
+	t := s.messages.table
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	// One connection per worker (the workers in parallel, each worker's shards
@@ -122,5 +122,5 @@ func (s *Store) cleanupError(ctx context.Context, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
-	return fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, withDetail(err))
+	return fmt.Errorf("pgdedup: cleanup of %s: %w", s.messages.table, withDetail(err))
 }
