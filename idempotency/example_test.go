@@ -132,7 +132,7 @@ func ExampleMiddleware_Docs() {
 	}
 	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	fmt.Println(strings.Contains(string(page), "at least 24 hours"))
+	fmt.Println(strings.Contains(string(page), "kept for 24 hours"))
 	// Output:
 	// 400 </docs/idempotency-key>; rel="describedby"; type="text/html"
 	// /docs/idempotency-key#invalid-key
