@@ -140,6 +140,8 @@ func TestStatementFailureInHandler(t *testing.T) {
 		switch {
 		case r.URL.Query().Has("ignore-error"):
 			w.WriteHeader(http.StatusCreated)
+		case r.URL.Query().Has("answer-500"):
+			http.Error(w, "database error", http.StatusInternalServerError)
 		case errors.As(err, &pgErr) && pgErr.Code == "23505":
 			http.Error(w, "order exists", http.StatusConflict)
 		default:
@@ -154,6 +156,12 @@ func TestStatementFailureInHandler(t *testing.T) {
 	}
 	if r := post(t, srv.URL, "k", "{}"); r.status != 409 || !r.replayed() || r.body != first.body || calls.Load() != 1 {
 		t.Fatalf("retry: %v, %d calls", r, calls.Load())
+	}
+
+	for range 2 { // a 5xx after a failed statement is not kept either
+		if r := post(t, srv.URL+"?answer-500", "k5", "{}"); r.status != 500 || r.replayed() || keys(t, b.pool) != 1 {
+			t.Fatalf("500 after a failed statement: %v, %d keys", r, keys(t, b.pool))
+		}
 	}
 
 	r := post(t, srv.URL+"?ignore-error", "k2", "{}")

@@ -82,10 +82,11 @@ func TestMaxInFlightLeavesConnectionsToOthers(t *testing.T) {
 
 // One slow request and 11 duplicates of its key hold one connection: the
 // duplicates wait in memory, then replay the first answer without a round
-// trip each. More than MaxWaitersPerKey get 409 at once.
+// trip each, as a lookup would (bodies through StoredBody). More than
+// MaxWaitersPerKey get 409 at once.
 func TestSameKeyWaitersHoldNoConnection(t *testing.T) {
 	t.Parallel()
-	b, pool := slowSetup(t, idempotency.Config{InFlightWait: time.Minute, MaxWaitersPerKey: 11})
+	b, pool := slowSetup(t, idempotency.Config{InFlightWait: time.Minute, MaxWaitersPerKey: 11, StoredBody: newSealed(t)})
 
 	replies := make(chan reply, 13)
 	go func() { r, _ := send(b.url, "same", order); replies <- r }()

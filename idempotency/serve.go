@@ -112,7 +112,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.inFlight(w)
 			return
 		case fl.kept != nil:
-			m.replayKept(w, r, fl.kept)
+			m.replayKept(w, r, id, fl.kept)
 			return
 		}
 		// The request in flight kept no answer: claim the key ourselves.
@@ -134,7 +134,7 @@ func (m *Middleware) await(ctx context.Context, fl *flight, deadline time.Time) 
 
 // replayKept answers a request that waited in memory for another request with
 // the same key, from the answer that request kept.
-func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, kept *response) {
+func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, id string, kept *response) {
 	body, ok := m.readBody(w, r)
 	if !ok {
 		return
@@ -142,6 +142,16 @@ func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, kept *re
 	if !bytes.Equal(kept.fingerprint, m.fingerprint(r, body)) {
 		m.keyReused(w)
 		return
+	}
+	if kept.sealed {
+		// Replay what a lookup would: the body as StoredBody opens it.
+		opened := *kept
+		var err error
+		if opened.body, err = m.cfg.StoredBody.Open(pgdedup.Key(m.store.Consumer(), id), kept.status, kept.body); err != nil {
+			m.fail(w, r, fmt.Errorf("%w: %w", errStoredBody, err))
+			return
+		}
+		kept = &opened
 	}
 	kept.send(w, true)
 }
@@ -201,10 +211,11 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, id string, f
 	if rec != nil {
 		resp = rec.response()
 	}
+	rolledBack := errors.Is(err, errHandlerFailed) || errors.Is(err, errNotCommitted) || errors.Is(err, errAborted)
 	switch {
-	case errors.Is(err, errHandlerFailed):
+	case rolledBack && resp.status >= 500:
 		resp.send(w, false)
-	case (errors.Is(err, errNotCommitted) || errors.Is(err, errAborted)) && resp.status >= 400:
+	case rolledBack && resp.status >= 400:
 		return true, m.answerClientError(w, r, id, fp, resp)
 	case errors.Is(err, errAborted):
 		m.log.ErrorContext(r.Context(), "idempotency: a statement failed in idempotency.Tx, and the handler then answered "+

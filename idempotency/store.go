@@ -48,7 +48,10 @@ func (m *Middleware) save(ctx context.Context, tx pgx.Tx, id string, fp []byte, 
 		if err != nil {
 			return fmt.Errorf("idempotency: StoredBody.Seal: %w", err)
 		}
-		stored.body = sealed
+		stored.body, stored.sealed = sealed, true
+		if sealed == nil {
+			stored.body, stored.sealed, stored.omitted = []byte{}, false, true
+		}
 	}
 	// The headers go as JSON text, not as an http.Header: pgx's exec and
 	// simple_protocol modes (the ones for PgBouncer) infer parameter types
@@ -57,7 +60,11 @@ func (m *Middleware) save(ctx context.Context, tx pgx.Tx, id string, fp []byte, 
 	if err != nil {
 		return fmt.Errorf("idempotency: store response: %w", err)
 	}
-	if _, err := tx.Exec(ctx, m.sql.save, key, fp, stored.status, string(headers), stored.body, id); err != nil {
+	body := stored.body
+	if stored.omitted {
+		body = nil // stored as NULL
+	}
+	if _, err := tx.Exec(ctx, m.sql.save, key, fp, stored.status, string(headers), body, id); err != nil {
 		return fmt.Errorf("idempotency: store response: %w", err)
 	}
 	stored.fingerprint = fp
