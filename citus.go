@@ -53,12 +53,12 @@ func (s *Store) layout(ctx context.Context, query queryRowFunc) (*layout, error)
 	}
 	var citusInstalled, exists bool
 	if err := query(ctx, layoutQuery, []any{s.sql.table}, &citusInstalled, &exists); err != nil {
-		return nil, fmt.Errorf("pgdedup: look up %s: %w", s.sql.table, withDetail(err))
+		return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s: %w", s.sql.table, withDetail(err)))
 	}
 	l := &layout{}
 	if citusInstalled && exists {
 		if err := query(ctx, citusLayoutQuery, []any{s.sql.table}, &l.citus); err != nil {
-			return nil, fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.sql.table, withDetail(err))
+			return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.sql.table, withDetail(err)))
 		}
 	}
 	if l.citus {

@@ -83,10 +83,10 @@ func (s *Store) processOffsetsOnce(ctx context.Context, p Partition, offsets []i
 		return nil, tx.Rollback(ctx)
 	}
 	if err := fn(ctx, tx, fresh); err != nil {
-		return nil, err
+		return nil, fromFn(tx, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("pgdedup: commit %s partition %d offsets %d-%d: %w", p.Topic, p.Partition, fresh[0], fresh[len(fresh)-1], err)
+		return nil, fromDatabase(fmt.Errorf("pgdedup: commit %s partition %d offsets %d-%d: %w", p.Topic, p.Partition, fresh[0], fresh[len(fresh)-1], withDetail(err)))
 	}
 	s.emit(ctx, Event{Kind: EventProcessed, Count: int64(len(fresh)), Duration: time.Since(start)})
 	return fresh, nil

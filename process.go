@@ -19,12 +19,16 @@ import (
 //
 // If fn returns an error, the transaction rolls back, the ID is not recorded
 // and the error is returned as is (errors.Is works); if fn panics, the
-// transaction rolls back and the panic continues. Keep fn's side effects inside
+// transaction rolls back and the panic continues. fn must not commit or roll
+// back tx itself (use tx.Begin for a savepoint). Keep fn's side effects inside
 // tx: fn may run again after a rolled-back attempt.
 //
-// Transient failures (serialization failure, deadlock, lost connection,
-// including during COMMIT) are retried up to [Config.MaxAttempts], with jittered
-// backoff. After a connection lost during COMMIT the outcome is unknown; the
+// Failures of the database (see [IsTransient]: a serialization failure or
+// deadlock, the connection lost under the claim, under fn's transaction or
+// during COMMIT) are retried up to [Config.MaxAttempts], with jittered backoff.
+// Any other error fn returns, such as an HTTP client's error or a decoder's
+// io.EOF, comes back after one attempt, whatever its type: pgdedup cannot know
+// whether what fn called acted on the request. After a connection lost during COMMIT the outcome is unknown; the
 // retry finds the ID if that commit landed and then reports a duplicate, so
 // processed may be false for a message whose effects this call committed.
 func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (processed bool, err error) {
@@ -61,10 +65,10 @@ func (s *Store) processOnce(ctx context.Context, id string, fn func(context.Cont
 		return false, tx.Rollback(ctx)
 	}
 	if err := fn(ctx, tx); err != nil {
-		return false, err
+		return false, fromFn(tx, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("pgdedup: commit %q: %w", id, withDetail(err))
+		return false, fromDatabase(fmt.Errorf("pgdedup: commit %q: %w", id, withDetail(err)))
 	}
 	s.emit(ctx, Event{Kind: EventProcessed, MessageID: id, Count: 1, Duration: time.Since(start)})
 	return true, nil
@@ -117,10 +121,10 @@ func (s *Store) processBatchOnce(ctx context.Context, ids []string, sorted sorte
 		return nil, tx.Rollback(ctx)
 	}
 	if err := fn(ctx, tx, fresh); err != nil {
-		return nil, err
+		return nil, fromFn(tx, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("pgdedup: commit batch: %w", withDetail(err))
+		return nil, fromDatabase(fmt.Errorf("pgdedup: commit batch: %w", withDetail(err)))
 	}
 	s.emit(ctx, Event{Kind: EventProcessed, Count: int64(len(fresh)), Duration: time.Since(start)})
 	return fresh, nil

@@ -223,7 +223,7 @@ func (s *Store) readClaimBatch(br pgx.BatchResults, ids []string, begun bool, q 
 // claimError turns a lock timeout on the claim into ErrInFlight, and keeps
 // the server's DETAIL in the message.
 func (s *Store) claimError(err error, id string) error {
-	err = withDetail(err)
+	err = fromDatabase(withDetail(err))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" && s.sql.lockTimeoutMS > 0 {
 		return fmt.Errorf("%w: %w", ErrInFlight, err)

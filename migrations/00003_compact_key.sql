@@ -34,19 +34,32 @@
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgdedup_key(consumer text, message_id text) RETURNS uuid
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
-SELECT encode(substring(sha256(convert_to(consumer, 'UTF8') || decode('00', 'hex') || convert_to(message_id, 'UTF8')) FROM 1 FOR 16), 'hex')::uuid
+SELECT pg_catalog.encode(pg_catalog.substring(pg_catalog.sha256(
+    pg_catalog.convert_to(consumer, 'UTF8'::pg_catalog.name)
+    OPERATOR(pg_catalog.||) pg_catalog.decode('00'::pg_catalog.text, 'hex'::pg_catalog.text)
+    OPERATOR(pg_catalog.||) pg_catalog.convert_to(message_id, 'UTF8'::pg_catalog.name)), 1, 16), 'hex'::pg_catalog.text)::pg_catalog.uuid
 $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
 -- The trigger function does not call pgdedup_key: the search_path of the
--- session that inserts may not include this schema. Only pg_catalog is used.
+-- session that inserts may not include this schema. Both functions fix their
+-- own search_path and name every built-in with its schema and exact argument
+-- types: otherwise a function or operator that a role planted in a schema on
+-- the caller's search_path (convert_to(text, text) wins over the built-in
+-- convert_to(text, name)) would run with the caller's privileges, the
+-- migrating owner's during the backfill.
 CREATE OR REPLACE FUNCTION pgdedup_fill_key() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    NEW.key := encode(substring(sha256(convert_to(NEW.consumer, 'UTF8') || decode('00', 'hex') || convert_to(NEW.message_id, 'UTF8')) FROM 1 FOR 16), 'hex')::uuid;
+    NEW.key := pg_catalog.encode(pg_catalog.substring(pg_catalog.sha256(
+        pg_catalog.convert_to(NEW.consumer, 'UTF8'::pg_catalog.name)
+        OPERATOR(pg_catalog.||) pg_catalog.decode('00'::pg_catalog.text, 'hex'::pg_catalog.text)
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(NEW.message_id, 'UTF8'::pg_catalog.name)), 1, 16), 'hex'::pg_catalog.text)::pg_catalog.uuid;
     RETURN NEW;
 END
 $$;
@@ -55,21 +68,21 @@ $$;
 -- +goose StatementBegin
 DO $$
 BEGIN
-    PERFORM set_config('lock_timeout', '200ms', true);
+    PERFORM pg_catalog.set_config('lock_timeout', '200ms', true);
     LOOP
         BEGIN
             ALTER TABLE processed_messages ADD COLUMN IF NOT EXISTS key uuid;
-            IF NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass
+            IF NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = 'processed_messages'::pg_catalog.regclass::pg_catalog.oid
                            AND (conname = 'processed_messages_key_not_null' OR pg_get_constraintdef(oid) = 'PRIMARY KEY (key)')) THEN
                 ALTER TABLE processed_messages ADD CONSTRAINT processed_messages_key_not_null CHECK (key IS NOT NULL) NOT VALID;
             END IF;
-            IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'processed_messages'::regclass AND tgname = 'processed_messages_fill_key') THEN
+            IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'processed_messages'::pg_catalog.regclass::pg_catalog.oid AND tgname = 'processed_messages_fill_key') THEN
                 CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON processed_messages
                     FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION pgdedup_fill_key();
             END IF;
             EXIT;
         EXCEPTION WHEN lock_not_available THEN
-            PERFORM pg_sleep(0.05 + random() * 0.2);
+            PERFORM pg_catalog.pg_sleep(0.05::pg_catalog.float8 + pg_catalog.random() * 0.2::pg_catalog.float8);
         END;
     END LOOP;
 END
@@ -88,7 +101,7 @@ DECLARE
     hi_id       text;
 BEGIN
     IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
-        WHERE conrelid = 'processed_messages'::regclass AND contype = 'p') <> 'PRIMARY KEY (consumer, message_id)' THEN
+        WHERE conrelid = 'processed_messages'::pg_catalog.regclass::pg_catalog.oid AND contype = 'p') <> 'PRIMARY KEY (consumer, message_id)' THEN
         RETURN; -- the primary key is key already: nothing left to fill
     END IF;
     SELECT consumer, message_id INTO lo_consumer, lo_id FROM processed_messages ORDER BY consumer, message_id LIMIT 1;
@@ -115,7 +128,7 @@ $$;
 -- added without scanning the table under its exclusive lock.
 DO $$
 BEGIN
-    IF EXISTS (SELECT FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass
+    IF EXISTS (SELECT FROM pg_constraint WHERE conrelid = 'processed_messages'::pg_catalog.regclass::pg_catalog.oid
                AND conname = 'processed_messages_key_not_null' AND NOT convalidated) THEN
         ALTER TABLE processed_messages VALIDATE CONSTRAINT processed_messages_key_not_null;
     END IF;
@@ -128,15 +141,15 @@ $$;
 -- behind; drop it so that the next statement builds it again.
 DO $$
 BEGIN
-    PERFORM set_config('lock_timeout', '200ms', true);
+    PERFORM pg_catalog.set_config('lock_timeout', '200ms', true);
     LOOP
         BEGIN
-            IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('processed_messages_key_new') AND NOT indisvalid) THEN
+            IF EXISTS (SELECT FROM pg_index WHERE indexrelid = pg_catalog.to_regclass('processed_messages_key_new'::pg_catalog.text)::pg_catalog.oid AND NOT indisvalid) THEN
                 DROP INDEX processed_messages_key_new;
             END IF;
             EXIT;
         EXCEPTION WHEN lock_not_available THEN
-            PERFORM pg_sleep(0.05 + random() * 0.2);
+            PERFORM pg_catalog.pg_sleep(0.05::pg_catalog.float8 + pg_catalog.random() * 0.2::pg_catalog.float8);
         END;
     END LOOP;
 END
@@ -151,21 +164,21 @@ CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_messages_key_new ON pro
 -- built again is redundant and is dropped here instead.
 DO $$
 BEGIN
-    PERFORM set_config('lock_timeout', '200ms', true);
+    PERFORM pg_catalog.set_config('lock_timeout', '200ms', true);
     LOOP
         BEGIN
             IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
-                WHERE conrelid = 'processed_messages'::regclass AND contype = 'p') = 'PRIMARY KEY (consumer, message_id)' THEN
+                WHERE conrelid = 'processed_messages'::pg_catalog.regclass::pg_catalog.oid AND contype = 'p') = 'PRIMARY KEY (consumer, message_id)' THEN
                 ALTER TABLE processed_messages
                     DROP CONSTRAINT processed_messages_pkey,
                     ADD CONSTRAINT processed_messages_pkey PRIMARY KEY USING INDEX processed_messages_key_new,
                     DROP CONSTRAINT processed_messages_key_not_null;
-            ELSIF to_regclass('processed_messages_key_new') IS NOT NULL THEN
+            ELSIF pg_catalog.to_regclass('processed_messages_key_new'::pg_catalog.text) IS NOT NULL THEN
                 DROP INDEX processed_messages_key_new;
             END IF;
             EXIT;
         EXCEPTION WHEN lock_not_available THEN
-            PERFORM pg_sleep(0.05 + random() * 0.2);
+            PERFORM pg_catalog.pg_sleep(0.05::pg_catalog.float8 + pg_catalog.random() * 0.2::pg_catalog.float8);
         END;
     END LOOP;
 END
@@ -181,15 +194,15 @@ $$;
 -- +goose StatementBegin
 DO $$
 BEGIN
-    PERFORM set_config('lock_timeout', '200ms', true);
+    PERFORM pg_catalog.set_config('lock_timeout', '200ms', true);
     LOOP
         BEGIN
-            IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('processed_messages_id_new') AND NOT indisvalid) THEN
+            IF EXISTS (SELECT FROM pg_index WHERE indexrelid = pg_catalog.to_regclass('processed_messages_id_new'::pg_catalog.text)::pg_catalog.oid AND NOT indisvalid) THEN
                 DROP INDEX processed_messages_id_new;
             END IF;
             EXIT;
         EXCEPTION WHEN lock_not_available THEN
-            PERFORM pg_sleep(0.05 + random() * 0.2);
+            PERFORM pg_catalog.pg_sleep(0.05::pg_catalog.float8 + pg_catalog.random() * 0.2::pg_catalog.float8);
         END;
     END LOOP;
 END
@@ -201,22 +214,22 @@ CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_messages_id_new ON proc
 -- +goose StatementBegin
 DO $$
 BEGIN
-    PERFORM set_config('lock_timeout', '200ms', true);
+    PERFORM pg_catalog.set_config('lock_timeout', '200ms', true);
     LOOP
         BEGIN
             IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
-                WHERE conrelid = 'processed_messages'::regclass AND contype = 'p') = 'PRIMARY KEY (key)' THEN
+                WHERE conrelid = 'processed_messages'::pg_catalog.regclass::pg_catalog.oid AND contype = 'p') = 'PRIMARY KEY (key)' THEN
                 ALTER TABLE processed_messages
                     DROP CONSTRAINT processed_messages_pkey,
                     ADD CONSTRAINT processed_messages_pkey PRIMARY KEY USING INDEX processed_messages_id_new;
-            ELSIF to_regclass('processed_messages_id_new') IS NOT NULL THEN
+            ELSIF pg_catalog.to_regclass('processed_messages_id_new'::pg_catalog.text) IS NOT NULL THEN
                 DROP INDEX processed_messages_id_new;
             END IF;
             DROP TRIGGER IF EXISTS processed_messages_fill_key ON processed_messages;
             ALTER TABLE processed_messages DROP COLUMN IF EXISTS key;
             EXIT;
         EXCEPTION WHEN lock_not_available THEN
-            PERFORM pg_sleep(0.05 + random() * 0.2);
+            PERFORM pg_catalog.pg_sleep(0.05::pg_catalog.float8 + pg_catalog.random() * 0.2::pg_catalog.float8);
         END;
     END LOOP;
 END
