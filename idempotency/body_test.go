@@ -108,8 +108,11 @@ func TestStoredBodyCodec(t *testing.T) {
 		}
 		// Ciphertext moved to another key's row does not open there.
 		post(t, b.url, "k2", order)
-		if _, err := b.pool.Exec(context.Background(), `UPDATE processed_messages SET response_body =
-			(SELECT response_body FROM processed_messages WHERE message_id LIKE '% k') WHERE message_id LIKE '% k2'`); err != nil {
+		var moved []byte
+		if err := b.pool.QueryRow(context.Background(), `SELECT response_body FROM processed_messages WHERE message_id LIKE '% k'`).Scan(&moved); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.pool.Exec(context.Background(), `UPDATE processed_messages SET response_body = $1 WHERE message_id LIKE '% k2'`, moved); err != nil {
 			t.Fatal(err)
 		}
 		if r := post(t, b.url, "k2", order); !isProblem(r, 500) || r.replayed() || b.api.calls.Load() != 2 {
