@@ -180,6 +180,7 @@ const (
 	CommitClientErrors
 )
 
+// String returns the policy's Go name, such as "ReplayClientErrors".
 func (p ClientErrorPolicy) String() string {
 	switch p {
 	case ReplayClientErrors:
