@@ -74,7 +74,7 @@ func TestColumnGrantsPerRole(t *testing.T) {
 
 	// A message consumer.
 	consumer := grantedPool(t, b.db, consumerGrants)
-	store, err := pgdedup.New(consumer, pgdedup.Config{Consumer: "billing", Retention: time.Microsecond, LockTimeout: time.Second})
+	store, err := pgdedup.New(consumer, pgdedup.Config{Consumer: "billing", LockTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,8 +110,10 @@ func TestColumnGrantsPerRole(t *testing.T) {
 		}
 	}
 
-	// A cleaner: the consumer's rows have expired.
-	time.Sleep(time.Millisecond)
+	// A cleaner, once the consumer's rows have expired.
+	if _, err := b.pool.Exec(ctx, `UPDATE processed_messages SET expires_at = now() - interval '1 second' WHERE consumer = 'billing'`); err != nil {
+		t.Fatal(err)
+	}
 	cleaner := grantedPool(t, b.db, cleanerGrants)
 	cs, err := pgdedup.New(cleaner, pgdedup.Config{Consumer: "cleaner"})
 	if err != nil {
