@@ -36,7 +36,7 @@ func (l citusLayout) claimMany(c *batchClaim) []statement {
 	return sts
 }
 
-func (l citusLayout) cleanup(ctx context.Context, s *Store) (int64, error) {
+func (l citusLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
 	return s.cleanupCitus(ctx)
 }
 

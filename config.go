@@ -75,6 +75,13 @@ type Config struct {
 	// at most. Defaults to [DefaultCleanupBatchSize], 10,000.
 	CleanupBatchSize int
 
+	// CleanupTurnWait is how long a [Store.Cleanup] that finds another cleaner
+	// holding the cleaners' turn keeps trying to take it before it returns
+	// [ErrCleanupStarved]. Defaults to 0: it returns nil at once, leaving the
+	// work to the cleaner at work, and only the third such run in a row
+	// returns ErrCleanupStarved. A cron job (`pgdedup cleanup`) should wait.
+	CleanupTurnWait time.Duration
+
 	// OffsetTable is the table of last processed offsets used by
 	// [Store.ProcessOffsets] and the other offset calls, optionally
 	// schema-qualified, with the same rules as Table. Defaults to
@@ -145,6 +152,8 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("TxOptions", "must not be read only: the claim is an INSERT")
 	case cfg.CleanupBatchSize < 0:
 		return nil, nil, bad("CleanupBatchSize", "must not be negative, got %d", cfg.CleanupBatchSize)
+	case cfg.CleanupTurnWait < 0:
+		return nil, nil, bad("CleanupTurnWait", "must not be negative, got %s", cfg.CleanupTurnWait)
 	}
 	if table, err = parseTable("Table", cmp.Or(cfg.Table, DefaultTable)); err != nil {
 		return nil, nil, err

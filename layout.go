@@ -37,8 +37,9 @@ type layout interface {
 	// claimMany returns the statements claiming c's sorted IDs; they add the
 	// new ones to c.fresh.
 	claimMany(c *batchClaim) []statement
-	// cleanup deletes expired rows (see Store.Cleanup).
-	cleanup(ctx context.Context, s *Store) (deleted int64, err error)
+	// cleanup deletes expired rows (see Store.Cleanup); skipped reports that
+	// it never had the cleaners' turn, another cleaner holding it throughout.
+	cleanup(ctx context.Context, s *Store) (deleted int64, skipped bool, err error)
 	// sizes fills in st's sizes, and what else the layout can say of the
 	// table's storage.
 	sizes(ctx context.Context, s *Store, st *Stats) error
@@ -161,7 +162,9 @@ func (plainLayout) claimMany(c *batchClaim) []statement {
 	return []statement{{sql: s.messages.claimBatch, args: []any{s.cfg.Consumer, c.sorted.ids, c.sorted.keys}, row: c.addFresh}}
 }
 
-func (plainLayout) cleanup(ctx context.Context, s *Store) (int64, error) { return s.cleanupPlain(ctx) }
+func (plainLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
+	return s.cleanupPlain(ctx)
+}
 
 func (plainLayout) sizes(ctx context.Context, s *Store, st *Stats) error {
 	return s.plainSizes(ctx, st)

@@ -30,6 +30,8 @@ type Store struct {
 	messages messageStatements
 	offsets  offsetStatements
 	found    atomic.Pointer[layouts] // looked up on first use: see Store.layouts
+
+	cleanupSkips atomic.Int64 // Cleanup runs in a row that never had the turn
 }
 
 // New returns a [Store] that records IDs for cfg.Consumer in db. It checks cfg
