@@ -2,9 +2,13 @@ package pgdedup_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -130,4 +134,92 @@ func benchSetup(b *testing.B) *bundle {
 		b.Fatal(err)
 	}
 	return &bundle{db: db, pool: db.Pool, store: store}
+}
+
+// BenchmarkProcessLockTimeout compares Process of a new message without and
+// with Config.LockTimeout, which adds the statements that set and restore
+// lock_timeout to the claim's pipeline (no round trip).
+func BenchmarkProcessLockTimeout(b *testing.B) {
+	bb := benchSetup(b)
+	ctx := context.Background()
+	noop := func(context.Context, pgx.Tx) error { return nil }
+	for _, lt := range []time.Duration{0, 5 * time.Second} {
+		store, err := pgdedup.New(bb.pool, pgdedup.Config{Consumer: fmt.Sprint("lt-", lt), LockTimeout: lt})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("LockTimeout=%s", lt), func(b *testing.B) {
+			for b.Loop() {
+				if ok, err := store.Process(ctx, fmt.Sprintf("new-%d", benchSeq.Add(1)), noop); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+			}
+		})
+	}
+}
+
+// benchSeq numbers the new IDs of benchmarks run with -count above 1.
+var benchSeq atomic.Int64
+
+// BenchmarkDuplicatesOfAStuckMessage measures what duplicates of a message
+// whose first delivery is stuck in fn cost the rest of a small pool: a pool
+// of 4, the first delivery holding its transaction for 2 s, 6 duplicates
+// delivered meanwhile, then one unrelated message. It reports how long the
+// unrelated message waited and the most connections the duplicates held,
+// without and with Config.LockTimeout (a duplicate that gives up with
+// ErrInFlight is requeued by its consumer after 100 ms and delivered again).
+func BenchmarkDuplicatesOfAStuckMessage(b *testing.B) {
+	db := pgtest.New(b)
+	for _, lt := range []time.Duration{0, 500 * time.Millisecond} {
+		b.Run(fmt.Sprintf("LockTimeout=%s", lt), func(b *testing.B) {
+			pool := pgtest.Pool(b, db.URL, 4)
+			store, err := pgdedup.New(pool, pgdedup.Config{Consumer: fmt.Sprint("stuck-", lt), LockTimeout: lt})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			var waited time.Duration
+			var held int32
+			n := 0
+			for b.Loop() {
+				n++
+				id := fmt.Sprint("stuck-", n)
+				started := make(chan struct{})
+				var wg sync.WaitGroup
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, _ = store.Process(ctx, id, func(context.Context, pgx.Tx) error {
+						close(started)
+						time.Sleep(2 * time.Second)
+						return nil
+					})
+				}()
+				<-started
+				stop := time.Now().Add(2 * time.Second)
+				for range 6 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for time.Now().Before(stop) {
+							if _, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgdedup.ErrInFlight) {
+								return
+							}
+							time.Sleep(100 * time.Millisecond)
+						}
+					}()
+				}
+				time.Sleep(200 * time.Millisecond)
+				held = max(held, pool.Stat().AcquiredConns()-1)
+				t0 := time.Now()
+				if _, err := store.Process(ctx, fmt.Sprint("other-", n), func(context.Context, pgx.Tx) error { return nil }); err != nil {
+					b.Fatal(err)
+				}
+				waited += time.Since(t0)
+				wg.Wait()
+			}
+			b.ReportMetric(float64(waited.Milliseconds())/float64(n), "unrelated-wait-ms")
+			b.ReportMetric(float64(held), "conns-held-by-duplicates")
+		})
+	}
 }

@@ -2,87 +2,76 @@ package pgdedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"strings"
 	"sync"
-	"sync/atomic"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// layout is what a Store learned about its table on first use: whether Citus
-// manages it (a distributed or reference table, listed in pg_dist_partition),
-// and the statements that differ there. It is looked up once per Store, lazily
-// and only by the calls whose SQL depends on it: ClaimBatch and ProcessBatch,
-// Claim and Process with Config.LockTimeout, and Cleanup. Process and Claim
-// without LockTimeout send the same statement everywhere and never look.
-//
-// On plain PostgreSQL the lookup is one query, once per Store. A table
-// distributed after the Store's first use keeps the plain statements until the
-// Store is recreated: distribute before starting consumers.
-type layout struct {
-	citus bool
-
-	// Citus only: the statements around a claim (see citusAround) and the
-	// claim batch as multi-row VALUES, by row count (see citusBatchSQL).
-	single, batch around
-	values        sync.Map // int (rows) → string
+// citusLayout is processed_messages distributed (or made a reference table)
+// by Citus: the claim of one ID is the plain statement, which Citus routes to
+// its shard; batches, cleanup and sizes differ.
+type citusLayout struct {
+	citusPlacement
+	messages messageStatements
+	values   *sync.Map // rows → the multi-row VALUES claim of that many rows
 }
 
-// around are the statements sent before and after a claim in the same
-// pipeline, each a statement of its own.
-type around struct{ before, after []string }
-
-// layoutQuery finds whether Citus manages the table, without referencing
-// Citus's catalog (absent on plain PostgreSQL) in the statement itself.
-const (
-	layoutQuery      = `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL, to_regclass($1) IS NOT NULL`
-	citusLayoutQuery = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))`
-)
-
-// queryRowFunc runs one single-row query and scans it: pgx's QueryRow on a
-// pool, a transaction or a connection, or database/sql's QueryRowContext.
-type queryRowFunc func(ctx context.Context, sql string, args []any, dest ...any) error
-
-// layout returns the table's layout, looking it up with query on first use.
-// A missing table is not cached: the claim that follows reports it.
-func (s *Store) layout(ctx context.Context, query queryRowFunc) (*layout, error) {
-	if l := s.lay.Load(); l != nil {
-		return l, nil
-	}
-	var citusInstalled, exists bool
-	if err := query(ctx, layoutQuery, []any{s.sql.table}, &citusInstalled, &exists); err != nil {
-		return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s: %w", s.sql.table, withDetail(err)))
-	}
-	l := &layout{}
-	if citusInstalled && exists {
-		if err := query(ctx, citusLayoutQuery, []any{s.sql.table}, &l.citus); err != nil {
-			return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.sql.table, withDetail(err)))
-		}
-	}
-	if l.citus {
-		l.single = citusAround(s.sql.lockTimeoutMS, false)
-		l.batch = citusAround(s.sql.lockTimeoutMS, true)
-	}
-	if exists {
-		s.lay.Store(l)
-	}
-	return l, nil
+func newCitusLayout(m messageStatements) citusLayout {
+	return citusLayout{citusPlacement: citusPlacement(m.lockTimeoutMS), messages: m, values: &sync.Map{}}
 }
 
-// layoutPtr is embedded in Store; a type of its own keeps the zero value usable.
-type layoutPtr struct{ atomic.Pointer[layout] }
+func (l citusLayout) claimOne(c *idClaim) statement { return plainLayout{}.claimOne(c) }
 
-func pgxQueryRow(q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) queryRowFunc {
-	return func(ctx context.Context, sql string, args []any, dest ...any) error {
-		return q.QueryRow(ctx, sql, args...).Scan(dest...)
+// claimMany claims the IDs as multi-row VALUES inserts of up to
+// citusBatchMaxRows rows each (see citusBatchChunks).
+func (l citusLayout) claimMany(c *batchClaim) []statement {
+	var sts []statement
+	for _, args := range citusBatchChunks(c.sorted) {
+		sts = append(sts, statement{sql: l.batchSQL(len(args) / 2), args: append([]any{c.store.cfg.Consumer}, args...), row: c.addFresh})
 	}
+	return sts
 }
 
-// citusAround returns the statements around a claim on a Citus table.
+func (l citusLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
+	return s.cleanupCitus(ctx)
+}
+
+// sizes: the coordinator's own table is an empty shell; the rows are in the
+// shards on the workers, which Citus's size functions add up. Dead tuples,
+// vacuums and indexes are the workers' and are left empty.
+func (l citusLayout) sizes(ctx context.Context, s *Store, st *Stats) error {
+	err := s.db.QueryRow(ctx, `SELECT citus_table_size(r), citus_total_relation_size(r) FROM to_regclass($1::text) r`,
+		s.messages.table).Scan(&st.TableBytes, &st.TotalBytes)
+	if err != nil {
+		return fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.messages.table, withDetail(err))
+	}
+	st.IndexBytes = st.TotalBytes - st.TableBytes
+	return nil
+}
+
+// citusPlacement is a table Citus manages; its value is Config.LockTimeout in
+// milliseconds (0: none).
+type citusPlacement int64
+
+// transient marks Citus's internal error XX000 as transient: a coordinator
+// session whose worker connection failed (a worker crashed or restarted)
+// fails once with "failure on connection marked as essential". The claim and
+// COMMIT it comes from are safe to try again in a new transaction: a claim
+// that failed committed nothing, and a COMMIT whose outcome is unknown is
+// settled by the retry's duplicate check, as for a lost connection.
+func (citusPlacement) transient(err error) error {
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) && pgErr.Code == "XX000" {
+		return &connLostError{err}
+	}
+	return err
+}
+
+// settings returns the statements around a claim on a Citus table.
 //
 // Config.LockTimeout: the wait for another transaction's claim happens on the
 // worker holding the shard, and set_config on the coordinator never reaches it.
@@ -98,10 +87,10 @@ func pgxQueryRow(q interface {
 // take their rows' locks in the same order (no distributed deadlock) and a
 // consumer holds one connection per worker, not one per shard. It is restored
 // afterwards as well.
-func citusAround(lockTimeoutMS int64, batch bool) around {
-	var a around
+func (ms citusPlacement) settings(batch bool) txSettings {
+	var a txSettings
 	var save, restore []string
-	if lockTimeoutMS > 0 {
+	if ms > 0 {
 		save = append(save,
 			`set_config('pgdedup.lock_timeout', current_setting('lock_timeout'), true)`,
 			`set_config('pgdedup.propagate_set_commands', current_setting('citus.propagate_set_commands'), true)`,
@@ -120,12 +109,12 @@ func citusAround(lockTimeoutMS int64, batch bool) around {
 	if len(save) == 0 {
 		return a
 	}
-	a.before = []string{`SELECT ` + strings.Join(save, ", ")}
-	if lockTimeoutMS > 0 {
-		a.before = append(a.before, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, lockTimeoutMS))
-		a.after = []string{`SET LOCAL lock_timeout TO DEFAULT`}
+	a.set = []string{`SELECT ` + strings.Join(save, ", ")}
+	if ms > 0 {
+		a.set = append(a.set, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, int64(ms)))
+		a.restore = []string{`SET LOCAL lock_timeout TO DEFAULT`}
 	}
-	a.after = append(a.after, `SELECT `+strings.Join(restore, ", "))
+	a.restore = append(a.restore, `SELECT `+strings.Join(restore, ", "))
 	return a
 }
 
@@ -159,22 +148,22 @@ func citusBatchChunks(sorted sortedBatch) [][]any {
 	return chunks
 }
 
-// citusBatchSQL is the claim of rows IDs as one multi-row VALUES insert, $1
+// batchSQL is the claim of rows IDs as one multi-row VALUES insert, $1
 // the consumer and $2… the IDs and their keys, in pairs. Citus routes each row to its shard, where
 // INSERT … SELECT FROM unnest (the plain statement) is pulled through the
 // coordinator and opens a connection per shard: about 1 s for 1,000 IDs,
 // against tens of milliseconds.
-func (s *Store) citusBatchSQL(l *layout, rows int) string {
+func (l citusLayout) batchSQL(rows int) string {
 	if q, ok := l.values.Load(rows); ok {
 		return q.(string)
 	}
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + s.sql.table + ` (key, consumer, message_id, expires_at) VALUES `)
+	b.WriteString(`INSERT INTO ` + l.messages.table + ` (key, consumer, message_id, expires_at) VALUES `)
 	for i := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "($%d::uuid, $1, $%d, %s)", 2*i+3, 2*i+2, s.sql.expires)
+		fmt.Fprintf(&b, "($%d::uuid, $1, $%d, %s)", 2*i+3, 2*i+2, l.messages.expires)
 	}
 	b.WriteString("\nON CONFLICT DO NOTHING\nRETURNING message_id")
 	q := b.String()

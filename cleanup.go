@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,33 +34,107 @@ import (
 // above). Cleanup keeps nothing in the session, so it works behind PgBouncer
 // in transaction pooling mode, and needs only SELECT and DELETE on the table.
 //
+// Cleaners take turns through an advisory lock that any role able to connect
+// could also take. So a cleanup that never gets the turn is not silent: with
+// [Config.CleanupTurnWait] it waits that long for the turn and then returns
+// [ErrCleanupStarved], naming the session that holds it; without, it returns
+// nil at once (another cleaner is at work) but the third such run in a row
+// returns ErrCleanupStarved.
+//
 // Each run is logged ([Config.Logger]: info with the rows deleted and the
-// duration, debug for each batch) and reported to [Config.OnEvent] as an
-// [EventCleanup].
+// duration, debug for each batch, a warning when it fails or is starved) and
+// reported to [Config.OnEvent] as an [EventCleanup].
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
-	l, err := s.layout(ctx, pgxQueryRow(s.db))
+	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
 	if err != nil {
 		return 0, s.cleanupError(ctx, err)
 	}
-	if l.citus {
-		return s.cleanupCitus(ctx)
+	giveUp := time.Now().Add(s.cfg.CleanupTurnWait)
+	for {
+		deleted, skipped, err := ls.messages.cleanup(ctx, s)
+		if err != nil || !skipped {
+			if err == nil {
+				s.cleanupSkips.Store(0)
+			}
+			return deleted, err
+		}
+		if !time.Now().Before(giveUp) {
+			break
+		}
+		t := time.NewTimer(min(time.Until(giveUp), jitter(100*time.Millisecond)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		case <-t.C:
+		}
 	}
+	skips := s.cleanupSkips.Add(1)
+	if s.cfg.CleanupTurnWait == 0 && skips < cleanupSkipsStarved {
+		s.log.InfoContext(ctx, "pgdedup: cleanup left to the cleaner at work", "table", s.messages.table, "runs_without_turn", skips)
+		return 0, nil
+	}
+	return 0, fmt.Errorf("%w: %s, %d runs in a row: %s", ErrCleanupStarved, s.messages.table, skips, s.cleanupTurnHolder(ctx))
+}
+
+// cleanupSkipsStarved is how many runs in a row may find the turn taken
+// before Cleanup (without Config.CleanupTurnWait) says it is starved.
+const cleanupSkipsStarved = 3
+
+// cleanupTurnHolder describes the sessions holding the cleaners' advisory
+// lock on the table, from pg_locks and pg_stat_activity (whose details of
+// other roles' sessions need pg_read_all_stats; the pid and role are always
+// there).
+func (s *Store) cleanupTurnHolder(ctx context.Context) string {
+	rows, err := s.db.Query(ctx, `SELECT l.pid, coalesce(a.usename::text, '?'), coalesce(a.state, '?'), a.xact_start
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = `+cleanupLockClass+`::oid
+AND l.objid = '`+s.messages.table+`'::regclass::oid AND l.objsubid = 2`)
+	if err != nil {
+		return "the holder of the cleaners' lock could not be read: " + err.Error()
+	}
+	var holders []string
+	var pid int32
+	var role, state string
+	var since *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&pid, &role, &state, &since}, func() error {
+		h := fmt.Sprintf("pid %d (role %s, %s", pid, role, state)
+		if since != nil {
+			h += ", transaction since " + since.UTC().Format(time.RFC3339)
+		}
+		holders = append(holders, h+")")
+		return nil
+	})
+	switch {
+	case err != nil:
+		return "the holder of the cleaners' lock could not be read: " + err.Error()
+	case len(holders) == 0:
+		return "the cleaners' lock was held by another session, which has let it go since"
+	}
+	return fmt.Sprintf("the cleaners' advisory lock (%s, the table's OID) is held by %s; "+
+		"if that is not a cleaner, end it (pg_terminate_backend) and REVOKE CONNECT from roles that need none",
+		cleanupLockClass, strings.Join(holders, ", "))
+}
+
+// cleanupPlain is Cleanup on one PostgreSQL server: batches of rows picked in
+// expires_at order and deleted by ctid, with turns taken as cleanupSQL says.
+func (s *Store) cleanupPlain(ctx context.Context) (deleted int64, skipped bool, err error) {
 	turnSQL, deleteSQL := s.cleanupSQL()
 	batch := int64(s.cfg.CleanupBatchSize)
 	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	for {
+	for first := true; ; first = false {
 		if err := ctx.Err(); err != nil {
-			return deleted, err
+			return deleted, false, err
 		}
 		t0 := time.Now()
 		turn, n, err := s.cleanupBatch(ctx, turnSQL, deleteSQL, batch, &from)
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
-				return deleted, ctxErr
+				return deleted, false, ctxErr
 			}
-			return deleted, fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, withDetail(err))
+			return deleted, false, fmt.Errorf("pgdedup: cleanup of %s: %w", s.messages.table, withDetail(err))
 		}
 		deleted += n
 		s.log.DebugContext(ctx, "pgdedup: cleanup batch", "deleted", n, "turn", turn, "duration", time.Since(t0))
@@ -69,7 +144,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 		// turn, a short batch means nothing expired is left from *from on, as
 		// of a snapshot taken after the turn was held.
 		if !turn || n < batch {
-			return deleted, nil
+			return deleted, first && !turn, nil
 		}
 	}
 }
@@ -120,7 +195,7 @@ func (s *Store) cleanupBatch(ctx context.Context, turnSQL, deleteSQL string, bat
 // The rows are found through the expires_at index and deleted by ctid (a TID
 // scan, no second index lookup); the DELETE checks expires_at again.
 func (s *Store) cleanupSQL() (turn, del string) {
-	t := s.sql.table
+	t := s.messages.table
 	turn = `SELECT set_config('` + cleanupTurnSetting + `', pg_try_advisory_xact_lock(` +
 		cleanupLockClass + `, '` + t + `'::regclass::oid::int4)::text, true)::boolean`
 	del = `WITH deleted AS (
@@ -148,14 +223,18 @@ const cleanupTurnSetting = "pgdedup.cleanup_turn"
 func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration, err error) {
 	switch {
 	case err == nil:
-		s.log.InfoContext(ctx, "pgdedup: cleanup", "table", s.sql.table, "deleted", deleted, "duration", d)
+		s.log.InfoContext(ctx, "pgdedup: cleanup", "table", s.messages.table, "deleted", deleted, "duration", d)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		s.log.InfoContext(ctx, "pgdedup: cleanup stopped", "table", s.sql.table, "deleted", deleted, "duration", d, "error", err)
+		s.log.InfoContext(ctx, "pgdedup: cleanup stopped", "table", s.messages.table, "deleted", deleted, "duration", d, "error", err)
 	default:
-		s.log.WarnContext(ctx, "pgdedup: cleanup failed", "table", s.sql.table, "deleted", deleted, "duration", d, "error", err)
+		s.log.WarnContext(ctx, "pgdedup: cleanup failed", "table", s.messages.table, "deleted", deleted, "duration", d, "error", err)
 	}
 	s.emit(ctx, Event{Kind: EventCleanup, Count: deleted, Duration: d, Err: err})
 }
+
+// MinCleanerInterval is the shortest interval [Store.RunCleaner] accepts: a
+// bare number (3600, meaning 3600ns) is refused rather than run as a busy loop.
+const MinCleanerInterval = time.Millisecond
 
 // RunCleaner runs [Store.Cleanup] about every interval until ctx is done, then returns
 // ctx.Err(); it blocks, so start it in a goroutine of its own and cancel ctx to
@@ -169,10 +248,11 @@ func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration,
 // cleaners are safe and skip each other's rows.
 //
 // Pick interval well below Retention (an hour is a good start); a cleanup that
-// finds nothing to delete costs one index probe.
+// finds nothing to delete costs one index probe. An interval below
+// [MinCleanerInterval] is an error.
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
-	if interval <= 0 {
-		return fmt.Errorf("pgdedup: RunCleaner interval must be positive, got %s", interval)
+	if interval < MinCleanerInterval {
+		return fmt.Errorf("pgdedup: RunCleaner interval must be at least %s, got %s: a Duration counts nanoseconds (write time.Hour, not 3600)", MinCleanerInterval, interval)
 	}
 	t := time.NewTimer(rand.N(interval) + 1)
 	defer t.Stop()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -290,9 +291,9 @@ func TestRunCleanerStopsMidRun(t *testing.T) {
 func TestRunCleanerRejectsBadInterval(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	for _, d := range []time.Duration{0, -time.Second} {
-		if err := b.store.RunCleaner(context.Background(), d); err == nil {
-			t.Errorf("RunCleaner(%s) = nil, want an error", d)
+	for _, d := range []time.Duration{0, -time.Second, 1, 3600, pgdedup.MinCleanerInterval - 1} {
+		if err := b.store.RunCleaner(context.Background(), d); err == nil || !strings.Contains(err.Error(), "at least 1ms") {
+			t.Errorf("RunCleaner(%s) = %v, want an error saying the least interval", d, err)
 		}
 	}
 }
@@ -911,4 +912,55 @@ func expiries(t *testing.T, pool *pgxpool.Pool, sql string) map[string]time.Time
 		t.Fatal(err)
 	}
 	return out
+}
+
+// Any role that can connect can take the cleaners' advisory lock and hold it.
+// Cleanup does not then report "deleted 0" forever: with CleanupTurnWait it
+// waits that long and returns ErrCleanupStarved naming the holder; without,
+// the third run in a row that never had the turn does. Each is an
+// EventCleanup with the error. Once the holder lets go, the next run deletes
+// the expired rows.
+func TestCleanupStarvedByAHeldTurn(t *testing.T) {
+	t.Parallel()
+	var log eventLog
+	b := setup(t, pgdedup.Config{OnEvent: log.add})
+	ctx := ctxT(t)
+	pgtest.Seed(t, b.pool, "billing", "old-", 100, -time.Hour)
+	holder := connect(t, b.db.URL)
+	var pid int32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid(), pg_advisory_lock(1885824100, 'processed_messages'::regclass::oid::int4)`).Scan(&pid, nil); err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cron", CleanupTurnWait: 300 * time.Millisecond, OnEvent: log.add})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = waiting.Cleanup(ctx)
+	if !errors.Is(err, pgdedup.ErrCleanupStarved) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", pid)) {
+		t.Fatalf("Cleanup with a wait: err=%v, want ErrCleanupStarved naming pid %d", err, pid)
+	}
+	for run := 1; run <= 3; run++ {
+		n, err := b.store.Cleanup(ctx)
+		if starved := errors.Is(err, pgdedup.ErrCleanupStarved); n != 0 || starved != (run == 3) || (run < 3 && err != nil) {
+			t.Fatalf("run %d without a wait: deleted=%d err=%v, want ErrCleanupStarved on the third run only", run, n, err)
+		}
+	}
+	var starvedEvents int
+	for _, e := range log.cleanups() {
+		if errors.Is(e.Err, pgdedup.ErrCleanupStarved) {
+			starvedEvents++
+		}
+	}
+	if starvedEvents != 2 {
+		t.Fatalf("%d cleanup events with ErrCleanupStarved, want 2", starvedEvents)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.store.Cleanup(ctx); err != nil || n != 100 {
+		t.Fatalf("after the holder let go: deleted=%d err=%v, want 100, nil", n, err)
+	}
+	if n, err := b.store.Cleanup(ctx); err != nil || n != 0 {
+		t.Fatalf("the run after: deleted=%d err=%v, want 0, nil (the count of runs without the turn starts again)", n, err)
+	}
 }

@@ -23,7 +23,7 @@ func ExampleStore_Cleanup() {
 	pool, done := pgtest.ForExample()
 	defer done()
 	ctx := context.Background()
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Retention: time.Millisecond})
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Retention: time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func ExampleStore_Cleanup() {
 	if _, err := store.Process(ctx, "order-1", noop); err != nil {
 		log.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // Retention has passed
 	deleted, err := store.Cleanup(ctx)
 	if err != nil {
 		log.Fatal(err)

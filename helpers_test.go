@@ -168,3 +168,10 @@ func rolePool(t *testing.T, b *bundle, grants ...string) (*pgxpool.Pool, string)
 	}
 	return pgtest.Pool(t, url, 4), role
 }
+
+// expire makes every row of consumer in b's table expired, as if its
+// Retention had passed.
+func expire(t *testing.T, b *bundle, consumer string) {
+	t.Helper()
+	mustExec(t, b.pool, `UPDATE processed_messages SET expires_at = now() - interval '1 second' WHERE consumer = $1`, consumer)
+}

@@ -1,8 +1,6 @@
 package pgdedup
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -55,8 +53,11 @@ type sortedBatch struct {
 }
 
 // prepareBatch validates every ID and returns them sorted by key and without
-// repeats. One bad ID rejects the whole batch.
-func prepareBatch(consumer string, ids []string) (sortedBatch, error) {
+// repeats. One bad ID rejects the whole batch, and so do more than max IDs.
+func prepareBatch(consumer string, ids []string, max int) (sortedBatch, error) {
+	if len(ids) > max {
+		return sortedBatch{}, fmt.Errorf("%w: %d IDs, more than Config.MaxBatch (%d): split it", ErrBatchTooLarge, len(ids), max)
+	}
 	for i, id := range ids {
 		if err := idProblem(id); err != nil {
 			return sortedBatch{}, fmt.Errorf("%w: message %d of %d: %s", ErrInvalidMessageID, i, len(ids), err)
@@ -75,28 +76,4 @@ func prepareBatch(consumer string, ids []string) (sortedBatch, error) {
 		b.ids[i], b.keys[i] = e.id, e.key
 	}
 	return b, nil
-}
-
-// inInputOrder returns the IDs of ids that are in fresh, in the order they
-// first appear in ids, each once.
-func inInputOrder(ids []string, fresh map[string]struct{}) []string {
-	if len(fresh) == 0 {
-		return nil
-	}
-	out := make([]string, 0, len(fresh))
-	for _, id := range ids {
-		if _, ok := fresh[id]; ok {
-			out = append(out, id)
-			delete(fresh, id)
-		}
-	}
-	return out
-}
-
-// ContentKey returns the hex SHA-256 of payload, a message ID for sources that
-// give none (content-based dedup). Two messages with the same bytes get the same
-// key, so only use it where an identical payload means an identical intent.
-func ContentKey(payload []byte) string {
-	sum := sha256.Sum256(payload)
-	return hex.EncodeToString(sum[:])
 }

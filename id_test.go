@@ -162,7 +162,7 @@ func TestOddValidIDsRoundTripExactly(t *testing.T) {
 // records nothing: never a half-written batch.
 func TestBatchWithOneBadIDRecordsNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t, pgdedup.Config{})
+	b := setup(t, pgdedup.Config{MaxBatch: 100_000})
 	ctx := ctxT(t)
 	ids := batchIDs(0, 100_000)
 	ids[73_456] = "msg-\x00"

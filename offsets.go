@@ -2,7 +2,6 @@ package pgdedup
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -31,21 +30,6 @@ type Partition struct {
 	Generation int64
 }
 
-var (
-	// ErrInvalidOffset is returned, wrapped with the reason, for a Partition or
-	// offsets that cannot be claimed: an empty or invalid topic, a negative
-	// partition, generation or offset, or a batch whose offsets are not strictly
-	// increasing. Nothing is sent to the database.
-	ErrInvalidOffset = errors.New("pgdedup: invalid offset")
-
-	// ErrFenced is returned when a claim's [Partition.Generation] is older than
-	// the one stored for the partition: another consumer was assigned the
-	// partition in a later generation and has committed since. Nothing was
-	// claimed; roll back, stop processing the partition and wait for the next
-	// assignment (and its offsets from [Store.ResumeOffsets]).
-	ErrFenced = errors.New("pgdedup: partition is held by a newer generation")
-)
-
 // offsetStatements are a Store's SQL for offsets, built once in New.
 //
 // The claim is one upsert. On conflict it updates only if the new offset is
@@ -56,7 +40,9 @@ var (
 // in read committed, the one that waited re-checks against the row the other
 // committed. Nothing updated means a duplicate or a fenced claim; the stored
 // row, read next in the same round trip and still locked by the upsert, says
-// which.
+// which. updated_at takes the inserted row's default, now(), rather than
+// calling now() in the SET clause, which Citus refuses on a distributed
+// table (only immutable functions may run there).
 type offsetStatements struct {
 	table  string
 	claim  string // $1 consumer, $2 topic, $3 partition, $4 highest offset, $5 generation
@@ -71,21 +57,13 @@ func newOffsetStatements(table pgx.Identifier) offsetStatements {
 		claim: `INSERT INTO ` + t + ` AS o (consumer, topic, partition, last_offset, generation)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (consumer, topic, partition) DO UPDATE
-SET prev_offset = o.last_offset, last_offset = EXCLUDED.last_offset, generation = EXCLUDED.generation, updated_at = now()
+SET prev_offset = o.last_offset, last_offset = EXCLUDED.last_offset, generation = EXCLUDED.generation, updated_at = EXCLUDED.updated_at
 WHERE o.last_offset < EXCLUDED.last_offset AND o.generation <= EXCLUDED.generation
 RETURNING prev_offset`,
 		stored: `SELECT last_offset, generation FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
 		resume: `SELECT topic, partition, last_offset + 1 FROM ` + t + `
 WHERE consumer = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::int[]))`,
 	}
-}
-
-// defaultOffsetTable is processed_offsets in the schema of table, if any.
-func defaultOffsetTable(table pgx.Identifier) string {
-	if len(table) == 2 {
-		return table[0] + ".processed_offsets"
-	}
-	return "processed_offsets"
 }
 
 // ClaimOffset advances p's stored offset to offset inside tx, the caller's
@@ -116,9 +94,11 @@ func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p Partition, offset
 	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
 		return nil, err
 	}
-	b := &pgx.Batch{}
-	s.queueClaimOffsets(b, p, offsets)
-	return s.readClaimOffsets(tx.SendBatch(ctx, b), p, offsets, false)
+	c := &offsetsClaim{store: s, p: p, offsets: offsets}
+	if err := s.claimInTx(ctx, tx, c); err != nil {
+		return nil, err
+	}
+	return c.freshOffsets(), nil
 }
 
 // ResumeOffsets returns, for each partition of assigned (topic → partition
@@ -143,9 +123,9 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 	if len(topics) == 0 {
 		return out, nil
 	}
-	rows, err := s.db.Query(ctx, s.off.resume, s.cfg.Consumer, topics, parts)
+	rows, err := s.db.Query(ctx, s.offsets.resume, s.cfg.Consumer, topics, parts)
 	if err != nil {
-		return nil, fmt.Errorf("pgdedup: read offsets: %w", err)
+		return nil, fromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
 	}
 	var topic string
 	var n int32
@@ -158,60 +138,71 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pgdedup: read offsets: %w", err)
+		return nil, fromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
 	}
 	return out, nil
 }
 
-// queueClaimOffsets queues the claim (bracketed by the lock timeout statements
-// when configured) and the read of the stored row onto b, which may already
-// hold a BEGIN. offsets are validated and not empty.
-func (s *Store) queueClaimOffsets(b *pgx.Batch, p Partition, offsets []int64) {
-	queueAround(b, s.sql.lockTimeout, s.off.claim, s.cfg.Consumer, p.Topic, p.Partition, offsets[len(offsets)-1], p.Generation)
-	b.Queue(s.off.stored, s.cfg.Consumer, p.Topic, p.Partition)
+// offsetsClaim claims offsets of one partition: the upsert of its row, then
+// the read of the stored row, which the upsert still locks, to tell a
+// duplicate from a fenced claim when nothing was updated.
+type offsetsClaim struct {
+	store   *Store
+	p       Partition
+	offsets []int64 // validated, not empty
+
+	claimed   bool   // the upsert wrote the row
+	prev      *int64 // the offset it replaced (nil: the row was new)
+	last, gen int64  // the stored row after the upsert
 }
 
-// readClaimOffsets reads what queueClaimOffsets queued and closes br.
-func (s *Store) readClaimOffsets(br pgx.BatchResults, p Partition, offsets []int64, begun bool) ([]int64, error) {
-	var claimed bool
-	var prev *int64
-	var last, gen int64
-	err := skipLeading(br, begun, s.sql.lockTimeout)
-	if err == nil {
-		err = br.QueryRow().Scan(&prev)
-		if claimed = err == nil; errors.Is(err, pgx.ErrNoRows) {
-			err = nil
+func (c *offsetsClaim) statements(l *layouts) claimStatements {
+	s, p := c.store, c.p
+	*c = offsetsClaim{store: s, p: p, offsets: c.offsets}
+	return claimStatements{settings: l.offsets.settings(false), claim: []statement{
+		{sql: s.offsets.claim, args: []any{s.cfg.Consumer, p.Topic, p.Partition, c.offsets[len(c.offsets)-1], p.Generation},
+			row: func(scan func(...any) error) error { c.claimed = true; return scan(&c.prev) }},
+		{sql: s.offsets.stored, args: []any{s.cfg.Consumer, p.Topic, p.Partition},
+			row: func(scan func(...any) error) error { return scan(&c.last, &c.gen) }},
+	}}
+}
+
+func (c *offsetsClaim) outcome() (fresh, skipped int, err error) {
+	if !c.claimed {
+		if c.gen > c.p.Generation {
+			return 0, 0, fmt.Errorf("%w: %s partition %d: claimed in generation %d, stored %d (offset %d)",
+				ErrFenced, c.p.Topic, c.p.Partition, c.p.Generation, c.gen, c.last)
 		}
+		return 0, len(c.offsets), nil
 	}
-	for range s.sql.lockTimeout.after {
-		if err == nil {
-			_, err = br.Exec()
-		}
-	}
-	if err == nil {
-		err = br.QueryRow().Scan(&last, &gen)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, s.claimError(err, fmt.Sprintf("%s/%d/%d", p.Topic, p.Partition, offsets[len(offsets)-1]))
-	}
-	if !claimed {
-		if gen > p.Generation {
-			return nil, fmt.Errorf("%w: %s partition %d: claimed in generation %d, stored %d (offset %d)",
-				ErrFenced, p.Topic, p.Partition, p.Generation, gen, last)
-		}
-		return nil, nil
+	n := len(c.freshOffsets())
+	return n, len(c.offsets) - n, nil
+}
+
+// freshOffsets returns the offsets above the one stored before the claim.
+func (c *offsetsClaim) freshOffsets() []int64 {
+	if !c.claimed {
+		return nil
 	}
 	i := 0
-	if prev != nil {
-		for i < len(offsets) && offsets[i] <= *prev {
+	if c.prev != nil {
+		for i < len(c.offsets) && c.offsets[i] <= *c.prev {
 			i++
 		}
 	}
-	return offsets[i:], nil
+	return c.offsets[i:]
 }
+
+func (c *offsetsClaim) subject() string {
+	first, last := c.offsets[0], c.offsets[len(c.offsets)-1]
+	if first == last {
+		return fmt.Sprintf("%s partition %d offset %d", c.p.Topic, c.p.Partition, first)
+	}
+	return fmt.Sprintf("%s partition %d offsets %d-%d", c.p.Topic, c.p.Partition, first, last)
+}
+
+func (c *offsetsClaim) messageID() string { return "" }
+func (c *offsetsClaim) size() int         { return len(c.offsets) }
 
 func validatePartition(p Partition) error {
 	switch {

@@ -2,9 +2,6 @@ package pgdedup
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -55,39 +52,10 @@ func (s *Store) ProcessOffsets(ctx context.Context, p Partition, offsets []int64
 	if fn == nil {
 		return nil, errNilFunc
 	}
-	err = s.retry(ctx, "", func() error {
-		var err error
-		fresh, err = s.processOffsetsOnce(ctx, p, offsets, fn)
-		return err
-	})
-	return fresh, err
-}
-
-func (s *Store) processOffsetsOnce(ctx context.Context, p Partition, offsets []int64, fn func(context.Context, pgx.Tx, []int64) error) ([]int64, error) {
-	start := time.Now()
-	br, tx := s.beginWith(ctx, func(b *pgx.Batch) { s.queueClaimOffsets(b, p, offsets) })
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
-
-	fresh, err := s.readClaimOffsets(br, p, offsets, true)
-	if err != nil {
-		if errors.Is(err, ErrFenced) {
-			s.log.WarnContext(ctx, "pgdedup: fenced", "consumer", s.cfg.Consumer, "topic", p.Topic, "partition", p.Partition, "generation", p.Generation)
-		}
-		s.inFlight(ctx, err, "", len(offsets))
+	c := &offsetsClaim{store: s, p: p, offsets: offsets}
+	committed, err := s.process(ctx, c, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, c.freshOffsets()) })
+	if !committed {
 		return nil, err
 	}
-	if dups := len(offsets) - len(fresh); dups > 0 {
-		s.duplicate(ctx, "", dups)
-	}
-	if len(fresh) == 0 {
-		return nil, tx.Rollback(ctx)
-	}
-	if err := fn(ctx, tx, fresh); err != nil {
-		return nil, fromFn(tx, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fromDatabase(fmt.Errorf("pgdedup: commit %s partition %d offsets %d-%d: %w", p.Topic, p.Partition, fresh[0], fresh[len(fresh)-1], withDetail(err)))
-	}
-	s.emit(ctx, Event{Kind: EventProcessed, Count: int64(len(fresh)), Duration: time.Since(start)})
-	return fresh, nil
+	return c.freshOffsets(), err
 }

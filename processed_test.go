@@ -1,9 +1,15 @@
 package pgdedup_test
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,75 +67,6 @@ var (
 	_ pgdedup.DB = (*pgx.Conn)(nil)
 )
 
-// New rejects a bad Config before touching the database with a *ConfigError
-// naming the field, and Validate says the same without a database. Table
-// names come from configuration, which an attacker may influence: anything but
-// plain identifiers is refused, so nothing can reach the SQL text. Consumer
-// names that Postgres text cannot hold are refused like IDs, but as a Config
-// error. Zero values are not errors: they take the defaults.
-func TestNewRejectsBadConfig(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pgdedup.Config{})
-	type bad struct {
-		cfg   pgdedup.Config
-		field string
-	}
-	cases := map[string]bad{
-		"no consumer":            {pgdedup.Config{}, "Consumer"},
-		"consumer NUL":           {pgdedup.Config{Consumer: "a\x00b"}, "Consumer"},
-		"consumer not UTF-8":     {pgdedup.Config{Consumer: "\xff\xfe"}, "Consumer"},
-		"consumer truncated":     {pgdedup.Config{Consumer: "caf\xc3"}, "Consumer"},
-		"offset table":           {pgdedup.Config{Consumer: "c", OffsetTable: "a.b.c"}, "OffsetTable"},
-		"negative retention":     {pgdedup.Config{Consumer: "c", Retention: -time.Hour}, "Retention"},
-		"negative lock timeout":  {pgdedup.Config{Consumer: "c", LockTimeout: -time.Second}, "LockTimeout"},
-		"negative attempts":      {pgdedup.Config{Consumer: "c", MaxAttempts: -1}, "MaxAttempts"},
-		"negative cleanup batch": {pgdedup.Config{Consumer: "c", CleanupBatchSize: -5}, "CleanupBatchSize"},
-		"read-only transactions": {pgdedup.Config{Consumer: "c", TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}, "TxOptions"},
-	}
-	for _, table := range []string{
-		`processed_messages; DROP TABLE charges`,
-		`processed_messages"; DROP TABLE charges; --`,
-		`"processed_messages"`,
-		`x"y`,
-		`processed_messages--`,
-		`processed messages`,
-		`a.b.c`,
-		`.processed_messages`,
-		`processed_messages.`,
-		`public.`,
-		`1processed_messages`,
-		`processed_messages/**/`,
-		"processed_messages\x00",
-		"processed_messages\n",
-		`pröcessed_messages`,
-		strings.Repeat("t", 64),
-	} {
-		cases["table "+table] = bad{pgdedup.Config{Consumer: "c", Table: table}, "Table"}
-	}
-	for name, c := range cases {
-		store, err := pgdedup.New(b.pool, c.cfg)
-		var ce *pgdedup.ConfigError
-		if store != nil || !errors.As(err, &ce) || ce.Field != c.field || !strings.HasPrefix(err.Error(), "pgdedup: Config."+c.field+" ") {
-			t.Errorf("%q: New returned %v, want a ConfigError for %s", name, err, c.field)
-		}
-		if errors.Is(err, pgdedup.ErrInvalidMessageID) {
-			t.Errorf("%q: New returned %v, want a Config error, not ErrInvalidMessageID", name, err)
-		}
-		if verr := c.cfg.Validate(); verr == nil || verr.Error() != fmt.Sprint(err) {
-			t.Errorf("%q: Validate returned %v, New %v", name, verr, err)
-		}
-	}
-	if err := (pgdedup.Config{Consumer: "c"}).Validate(); err != nil {
-		t.Errorf("the zero values of a Config with a consumer: %v", err)
-	}
-	if _, err := pgdedup.New(nil, pgdedup.Config{Consumer: "c"}); err == nil {
-		t.Error("New accepted a nil DB")
-	}
-	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
-		t.Fatal("charges touched")
-	}
-}
-
 func TestSchemaQualifiedTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
@@ -143,5 +80,377 @@ func TestSchemaQualifiedTable(t *testing.T) {
 	}
 	if !recorded(t, b.pool, "billing", "m") {
 		t.Fatal("not recorded in the qualified table")
+	}
+}
+
+func TestProcessNewThenDuplicate(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	b := setup(t, pgdedup.Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	ctx := ctxT(t)
+
+	processed, err := b.store.Process(ctx, "msg-1", charge("order-1"))
+	if err != nil || !processed {
+		t.Fatalf("first delivery: processed=%v err=%v, want true, nil", processed, err)
+	}
+	calls := 0
+	processed, err = b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
+		calls++
+		return charge("order-1")(ctx, tx)
+	})
+	if err != nil || processed || calls != 0 {
+		t.Fatalf("duplicate: processed=%v err=%v fn calls=%d, want false, nil, 0", processed, err, calls)
+	}
+	if got := chargesPerOrder(t, b.pool); got["order-1"] != 1 {
+		t.Fatalf("order-1 charged %d times, want 1", got["order-1"])
+	}
+	if !recorded(t, b.pool, "billing", "msg-1") {
+		t.Fatal("msg-1 not recorded")
+	}
+	if !strings.Contains(logs.String(), "skipped duplicate") || !strings.Contains(logs.String(), "msg-1") {
+		t.Fatalf("duplicate not logged; log:\n%s", logs.String())
+	}
+	if n := acquiredConns(b.pool); n != 0 {
+		t.Fatalf("%d connections still acquired", n)
+	}
+}
+
+func TestProcessRecordsExpiry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{Retention: 90 * time.Minute})
+	ctx := ctxT(t)
+	if _, err := b.store.Process(ctx, "m", charge("o")); err != nil {
+		t.Fatal(err)
+	}
+	var secs float64
+	err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - processed_at) FROM processed_messages WHERE message_id = 'm'`).Scan(&secs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secs != 90*60 {
+		t.Fatalf("expires_at - processed_at = %vs, want 5400s (Retention)", secs)
+	}
+}
+
+func TestProcessFnErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	errDeclined := errors.New("card declined")
+	processed, err := b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
+		if err := charge("order-1")(ctx, tx); err != nil {
+			return err
+		}
+		return fmt.Errorf("charging: %w", errDeclined)
+	})
+	if !errors.Is(err, errDeclined) || processed {
+		t.Fatalf("processed=%v err=%v, want false and the fn's error", processed, err)
+	}
+	if recorded(t, b.pool, "billing", "msg-1") || len(chargesPerOrder(t, b.pool)) != 0 {
+		t.Fatal("a failed fn left the ID or the charge behind")
+	}
+	// The redelivery is processed.
+	processed, err = b.store.Process(ctx, "msg-1", charge("order-1"))
+	if err != nil || !processed {
+		t.Fatalf("redelivery: processed=%v err=%v", processed, err)
+	}
+	if got := chargesPerOrder(t, b.pool)["order-1"]; got != 1 {
+		t.Fatalf("order-1 charged %d times, want 1", got)
+	}
+}
+
+func TestProcessFnPanicRollsBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the fn's panic", r)
+			}
+		}()
+		_, _ = b.store.Process(ctx, "msg-1", func(ctx context.Context, tx pgx.Tx) error {
+			if err := charge("order-1")(ctx, tx); err != nil {
+				return err
+			}
+			panic("boom")
+		})
+	}()
+	if recorded(t, b.pool, "billing", "msg-1") || len(chargesPerOrder(t, b.pool)) != 0 {
+		t.Fatal("a panicking fn left the ID or the charge behind")
+	}
+	if n := acquiredConns(b.pool); n != 0 {
+		t.Fatalf("panic leaked %d connections", n)
+	}
+}
+
+// A single *pgx.Conn works as the Store's DB too (used from one goroutine).
+func TestProcessOnConn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	conn, err := pgx.Connect(ctx, b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	store, err := pgdedup.New(conn, pgdedup.Config{Consumer: "billing", LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		if ok, err := store.Process(ctx, "m", charge("o")); ok != want || err != nil {
+			t.Fatalf("Process #%d = %v, %v; want %v", i+1, ok, err, want)
+		}
+	}
+	errBoom := errors.New("boom")
+	if _, err := store.Process(ctx, "n", func(context.Context, pgx.Tx) error { return errBoom }); !errors.Is(err, errBoom) {
+		t.Fatal(err)
+	}
+	if conn.PgConn().TxStatus() != 'I' {
+		t.Fatalf("connection left in transaction status %q", conn.PgConn().TxStatus())
+	}
+	if got := chargesPerOrder(t, b.pool); got["o"] != 1 || len(got) != 1 {
+		t.Fatalf("charges %v", got)
+	}
+}
+
+func TestProcessBatchAllDuplicatesSkipsFn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	insert := func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) SELECT unnest($1::text[])`, fresh)
+		return err
+	}
+	fresh, err := b.store.ProcessBatch(ctx, []string{"a", "b"}, insert)
+	if err != nil || !slices.Equal(fresh, []string{"a", "b"}) {
+		t.Fatal(fresh, err)
+	}
+	called := false
+	fresh, err = b.store.ProcessBatch(ctx, []string{"b", "a", "b"}, func(context.Context, pgx.Tx, []string) error {
+		called = true
+		return nil
+	})
+	if err != nil || len(fresh) != 0 || called {
+		t.Fatalf("all duplicates: fresh=%v err=%v fn called=%v", fresh, err, called)
+	}
+	errBoom := errors.New("boom")
+	_, err = b.store.ProcessBatch(ctx, []string{"c", "a"}, func(context.Context, pgx.Tx, []string) error { return errBoom })
+	if !errors.Is(err, errBoom) || recorded(t, b.pool, "billing", "c") {
+		t.Fatalf("fn error: err=%v, c recorded=%v", err, recorded(t, b.pool, "billing", "c"))
+	}
+	if got := chargesPerOrder(t, b.pool); got["a"] != 1 || got["b"] != 1 || len(got) != 2 {
+		t.Fatalf("charges %v", got)
+	}
+}
+
+// Many consumers receive the same few hundred messages in random order; each
+// order must be charged exactly once and each processed=true counted once.
+func TestProcessConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	const ids, workers, rounds = 200, 16, 2
+	var processed atomic.Int64
+	pgtest.FanOut(t, workers, func(w int) error {
+		for _, i := range rand.Perm(ids * rounds) {
+			id := fmt.Sprintf("msg-%d", i%ids)
+			ok, err := b.store.Process(ctx, id, charge(id))
+			if err != nil {
+				return fmt.Errorf("worker %d: %w", w, err)
+			}
+			if ok {
+				processed.Add(1)
+			}
+		}
+		return nil
+	})
+	got := chargesPerOrder(t, b.pool)
+	if len(got) != ids {
+		t.Fatalf("%d orders charged, want %d", len(got), ids)
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Fatalf("%s charged %d times", id, n)
+		}
+	}
+	if processed.Load() != ids {
+		t.Fatalf("Process reported %d new messages, want %d", processed.Load(), ids)
+	}
+}
+
+func TestDuplicateWaitsForInFlight(t *testing.T) {
+	t.Parallel()
+	for _, commit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("first commits=%v", commit), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, pgdedup.Config{})
+			ctx := ctxT(t)
+			first := pgtest.HoldClaim(t, b.pool, b.store, "msg-1")
+			if err := charge("msg-1")(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+
+			type result struct {
+				processed bool
+				err       error
+			}
+			done := make(chan result, 1)
+			go func() {
+				p, err := b.store.Process(ctx, "msg-1", charge("msg-1"))
+				done <- result{p, err}
+			}()
+			select {
+			case r := <-done:
+				t.Fatalf("duplicate returned %+v while the first delivery was in flight", r)
+			case <-time.After(300 * time.Millisecond):
+			}
+			var err error
+			if commit {
+				err = first.Commit(ctx)
+			} else {
+				err = first.Rollback(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || r.processed == commit {
+				t.Fatalf("after the first delivery ended (commit=%v): processed=%v err=%v", commit, r.processed, r.err)
+			}
+			if got := chargesPerOrder(t, b.pool)["msg-1"]; got != 1 {
+				t.Fatalf("msg-1 charged %d times, want 1", got)
+			}
+		})
+	}
+}
+
+func TestLockTimeoutReturnsErrInFlight(t *testing.T) {
+	t.Parallel()
+	var inFlight atomic.Int64
+	b := setup(t, pgdedup.Config{LockTimeout: 100 * time.Millisecond, OnEvent: func(_ context.Context, e pgdedup.Event) {
+		if e.Kind == pgdedup.EventInFlight {
+			inFlight.Add(e.Count)
+		}
+	}})
+	ctx := ctxT(t)
+	first := pgtest.HoldClaim(t, b.pool, b.store, "msg-1")
+	if err := charge("msg-1")(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	calls := 0
+	processed, err := b.store.Process(ctx, "msg-1", func(context.Context, pgx.Tx) error { calls++; return nil })
+	if !errors.Is(err, pgdedup.ErrInFlight) || processed || calls != 0 {
+		t.Fatalf("processed=%v err=%v calls=%d, want ErrInFlight and fn not called", processed, err, calls)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("gave up after %s, want about LockTimeout", waited)
+	}
+	if inFlight.Load() != 1 {
+		t.Fatalf("%d messages reported in flight, want 1", inFlight.Load())
+	}
+	// A batch gives up whole, and reports each of its distinct IDs.
+	fresh, err := b.store.ProcessBatch(ctx, []string{"x", "msg-1", "y", "x"}, func(context.Context, pgx.Tx, []string) error { calls++; return nil })
+	if !errors.Is(err, pgdedup.ErrInFlight) || len(fresh) != 0 || calls != 0 {
+		t.Fatalf("batch: fresh=%v err=%v calls=%d, want ErrInFlight and fn not called", fresh, err, calls)
+	}
+	if inFlight.Load() != 1+3 {
+		t.Fatalf("%d messages reported in flight, want 1 and then the batch's 3", inFlight.Load())
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := chargesPerOrder(t, b.pool)["msg-1"]; got != 1 {
+		t.Fatalf("msg-1 charged %d times, want 1", got)
+	}
+	// The lock timeout applies to the claim only: a new message's fn can wait
+	// longer than LockTimeout for a lock of its own.
+	mustExec(t, b.pool, `INSERT INTO charges (order_id) VALUES ('locked')`)
+	blocker, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `UPDATE charges SET consumer = 'x' WHERE order_id = 'locked'`); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	time.AfterFunc(400*time.Millisecond, func() { _ = blocker.Rollback(ctx); close(released) })
+	defer func() { <-released }()
+	_, err = b.store.Process(ctx, "msg-2", func(ctx context.Context, tx pgx.Tx) error {
+		var lt string
+		if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lt); err != nil {
+			return err
+		}
+		if lt != "0" {
+			return fmt.Errorf("fn runs with lock_timeout %s, want the session's 0", lt)
+		}
+		_, err := tx.Exec(ctx, `UPDATE charges SET consumer = 'y' WHERE order_id = 'locked'`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("fn waiting on its own lock: %v", err)
+	}
+}
+
+// Under repeatable read a concurrent duplicate surfaces as a serialization
+// failure instead of a wait; the retry sees the committed row and skips.
+func TestProcessConcurrentDuplicatesRepeatableRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, MaxAttempts: 20})
+	ctx := ctxT(t)
+	const ids, workers = 50, 8
+	pgtest.FanOut(t, workers, func(int) error {
+		for _, i := range rand.Perm(ids) {
+			id := fmt.Sprint("msg-", i)
+			if _, err := b.store.Process(ctx, id, charge(id)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	got := chargesPerOrder(t, b.pool)
+	for i := range ids {
+		if id := fmt.Sprint("msg-", i); got[id] != 1 {
+			t.Fatalf("%s charged %d times, want 1", id, got[id])
+		}
+	}
+}
+
+// A 100,000-ID batch is one statement; a second, overlapping one gets exactly
+// its new IDs, in input order, each once although repeated.
+func TestHundredThousandIDBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{MaxBatch: 200_000})
+	ctx := ctxT(t)
+	chargeAll := func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) SELECT unnest($1::text[])`, fresh)
+		return err
+	}
+	first := batchIDs(0, 100_000)
+	start := time.Now()
+	fresh, err := b.store.ProcessBatch(ctx, first, chargeAll)
+	if err != nil || !slices.Equal(fresh, first) {
+		t.Fatalf("first batch: %d fresh, err=%v, want all 100000 in order", len(fresh), err)
+	}
+	t.Logf("100,000 new IDs: %v", time.Since(start))
+
+	second := append(batchIDs(50_000, 100_000), batchIDs(140_000, 10_000)...) // half old, 10,000 repeated
+	rand.Shuffle(len(second), func(i, j int) { second[i], second[j] = second[j], second[i] })
+	want := slices.DeleteFunc(slices.Clone(second), func(id string) bool { return id < "msg-0100000" })
+	want = uniqueInOrder(want)
+	start = time.Now()
+	fresh, err = b.store.ProcessBatch(ctx, second, chargeAll)
+	if err != nil || !slices.Equal(fresh, want) {
+		t.Fatalf("second batch: %d fresh, err=%v, want the %d new IDs in input order", len(fresh), err, len(want))
+	}
+	t.Logf("110,000 IDs, 50,000 new: %v", time.Since(start))
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 150_000 {
+		t.Fatalf("%d IDs recorded, want 150000", n)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM (SELECT order_id FROM charges GROUP BY order_id HAVING count(*) = 1) c`); n != 150_000 {
+		t.Fatalf("%d orders charged exactly once, want 150000", n)
 	}
 }

@@ -74,14 +74,14 @@ func TestLeastPrivilegeRole(t *testing.T) {
 
 	// Rows of another consumer that have already expired; Cleanup deletes
 	// exactly those.
-	short, err := pgdedup.New(pool, pgdedup.Config{Consumer: "short", Retention: time.Microsecond})
+	short, err := pgdedup.New(pool, pgdedup.Config{Consumer: "short"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := short.ProcessBatch(ctx, []string{"e1", "e2"}, func(context.Context, pgx.Tx, []string) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Millisecond)
+	expire(t, b, "short")
 	if n, err := store.Cleanup(ctx); err != nil || n != 2 {
 		t.Fatalf("Cleanup: deleted=%d err=%v, want 2, nil", n, err)
 	}
@@ -124,7 +124,7 @@ func TestConsumerRoleWithoutDeleteCannotForget(t *testing.T) {
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
 	pool, _ := rolePool(t, b, `GRANT SELECT, INSERT ON processed_messages TO %s`)
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Retention: time.Microsecond})
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestConsumerRoleWithoutDeleteCannotForget(t *testing.T) {
 	if err != nil || len(fresh) != 2 {
 		t.Fatalf("ProcessBatch: fresh=%q err=%v, want [m1 m2], nil", fresh, err)
 	}
-	time.Sleep(time.Millisecond)
+	expire(t, b, "billing")
 	for _, sql := range []string{`DELETE FROM processed_messages`, `TRUNCATE processed_messages`} {
 		_, err := pool.Exec(ctx, sql)
 		var pgErr *pgconn.PgError

@@ -74,40 +74,31 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	var exists bool
 	err := s.db.QueryRow(ctx, `SELECT now(), r IS NOT NULL,
 coalesce(pg_table_size(r), 0), coalesce(pg_indexes_size(r), 0), coalesce(pg_total_relation_size(r), 0)
-FROM to_regclass($1::text) r`, s.sql.table).Scan(&st.Now, &exists, &st.TableBytes, &st.IndexBytes, &st.TotalBytes)
+FROM to_regclass($1::text) r`, s.messages.table).Scan(&st.Now, &exists, &st.TableBytes, &st.IndexBytes, &st.TotalBytes)
 	if err != nil {
-		return Stats{}, fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.sql.table, err)
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.messages.table, err)
 	}
 	if !exists {
-		return Stats{}, fmt.Errorf("pgdedup: stats of %s: table not found (run Migrate)", s.sql.table)
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: table not found (run Migrate)", s.messages.table)
 	}
-	l, err := s.layout(ctx, pgxQueryRow(s.db))
+	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
 	if err != nil {
-		return Stats{}, fmt.Errorf("pgdedup: stats of %s: %w", s.sql.table, err)
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: %w", s.messages.table, err)
 	}
-	if l.citus {
-		// The coordinator's own table is an empty shell: the rows are in the
-		// shards on the workers, which Citus's size functions add up.
-		err := s.db.QueryRow(ctx, `SELECT citus_table_size(r), citus_total_relation_size(r) FROM to_regclass($1::text) r`,
-			s.sql.table).Scan(&st.TableBytes, &st.TotalBytes)
-		if err != nil {
-			return Stats{}, fmt.Errorf("pgdedup: stats of %s: read sizes: %w", s.sql.table, withDetail(err))
-		}
-		st.IndexBytes = st.TotalBytes - st.TableBytes
-	} else if err := s.vacuumStats(ctx, &st); err != nil {
+	if err := ls.messages.sizes(ctx, s, &st); err != nil {
 		return Stats{}, err
 	}
 	// The first statement's now() is passed on, so that "expired" means the
 	// same instant in both even though they are two statements.
 	rows, _ := s.db.Query(ctx, `SELECT consumer, count(*), count(*) FILTER (WHERE expires_at < $1),
 min(processed_at), min(expires_at) FILTER (WHERE expires_at >= $1)
-FROM `+s.sql.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
+FROM `+s.messages.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
 	st.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (cs ConsumerStats, err error) {
 		err = row.Scan(&cs.Consumer, &cs.Rows, &cs.ExpiredRows, &cs.OldestProcessedAt, &cs.NextExpiry)
 		return cs, err
 	})
 	if err != nil {
-		return Stats{}, fmt.Errorf("pgdedup: stats of %s: read consumers: %w", s.sql.table, err)
+		return Stats{}, fmt.Errorf("pgdedup: stats of %s: read consumers: %w", s.messages.table, err)
 	}
 	st.Now = st.Now.UTC()
 	if st.Consumers == nil {
@@ -128,13 +119,14 @@ FROM `+s.sql.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
 	return st, nil
 }
 
-// vacuumStats fills in st's dead tuples, last vacuums and indexes, from the
-// statistics views and catalogs, which any role may read.
-func (s *Store) vacuumStats(ctx context.Context, st *Stats) error {
+// plainSizes fills in st's dead tuples, last vacuums and indexes, from the
+// statistics views and catalogs, which any role may read (the sizes are read
+// before, alike for every layout).
+func (s *Store) plainSizes(ctx context.Context, st *Stats) error {
 	err := s.db.QueryRow(ctx, `SELECT n_dead_tup, last_vacuum, last_autovacuum FROM pg_stat_user_tables
-WHERE relid = to_regclass($1::text)`, s.sql.table).Scan(&st.DeadTuples, &st.LastVacuum, &st.LastAutovacuum)
+WHERE relid = to_regclass($1::text)`, s.messages.table).Scan(&st.DeadTuples, &st.LastVacuum, &st.LastAutovacuum)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) { // no row: track_counts is off
-		return fmt.Errorf("pgdedup: stats of %s: read vacuum statistics: %w", s.sql.table, err)
+		return fmt.Errorf("pgdedup: stats of %s: read vacuum statistics: %w", s.messages.table, err)
 	}
 	for _, t := range []*time.Time{st.LastVacuum, st.LastAutovacuum} {
 		if t != nil {
@@ -143,10 +135,10 @@ WHERE relid = to_regclass($1::text)`, s.sql.table).Scan(&st.DeadTuples, &st.Last
 	}
 	rows, _ := s.db.Query(ctx, `SELECT c.relname, am.amname, pg_total_relation_size(c.oid)
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
-WHERE i.indrelid = to_regclass($1::text) ORDER BY c.relname`, s.sql.table)
+WHERE i.indrelid = to_regclass($1::text) ORDER BY c.relname`, s.messages.table)
 	st.Indexes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[IndexStats])
 	if err != nil {
-		return fmt.Errorf("pgdedup: stats of %s: read index sizes: %w", s.sql.table, err)
+		return fmt.Errorf("pgdedup: stats of %s: read index sizes: %w", s.messages.table, err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ module github.com/pgdedup/pgdedup/examples
 go 1.26.8
 
 require (
+	github.com/go-chi/chi/v5 v5.5.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/pgdedup/pgdedup v0.0.0-00010101000000-000000000000

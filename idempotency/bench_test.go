@@ -21,7 +21,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	mw, err := idempotency.New(db.Pool, idempotency.Config{Optional: true})
+	mw, err := idempotency.New(db.Pool, idempotency.Config{Optional: true, GlobalScope: true, Secret: testSecret})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -56,8 +56,8 @@ func TestDocsCurlExamples(t *testing.T) {
 			t.Errorf("%s: the error answer has no Link to the docs:\n%s", c.line, out)
 		}
 	}
-	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders, want the one book", n)
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 2 {
+		t.Fatalf("%d orders, want alice's book and bob's", n)
 	}
 }
 
@@ -108,14 +108,15 @@ func ordersServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	mw, err := idempotency.New(db.Pool, idempotency.Config{
-		Store: pgdedup.Config{Consumer: "orders-api"},
-		Scope: func(r *http.Request) string { return r.Header.Get("X-User") },
+		Store:  pgdedup.Config{Consumer: "orders-api"},
+		Scope:  func(r *http.Request) string { return userScope(r) },
+		Secret: testSecret,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST /orders", requireUser(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var in struct{ Item string }
 		if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Item == "" {
 			http.Error(w, `want {"item": "..."}`, http.StatusBadRequest)
@@ -131,11 +132,23 @@ func ordersServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 		w.Header().Set("Location", fmt.Sprintf("/orders/%d", id))
 		w.WriteHeader(http.StatusCreated)
 		_ = json.NewEncoder(w).Encode(map[string]any{"id": id, "item": in.Item})
-	})))
+	}))))
 	mux.Handle("GET "+idempotency.DefaultDocsURL, mw.Docs())
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(authenticate(mux))
 	t.Cleanup(srv.Close)
 	return srv, db.Pool
+}
+
+// requireUser answers 401 to a request without a verified user, as the docs'
+// authenticate does.
+func requireUser(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if userScope(r) == "" {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // The key's forms as curl sends them, byte for byte, to a real server: the
@@ -166,7 +179,7 @@ func TestCurlKeyForms(t *testing.T) {
 		{`"` + long + `k"`, "400"},
 	} {
 		out, err := exec.Command(curl, "-si", "-X", "POST", srv.URL+"/orders", "-H", "Idempotency-Key: "+c.key,
-			"-H", "X-User: alice", "-d", `{"item":"book"}`).CombinedOutput()
+			"-H", "Authorization: Bearer alice-token", "-d", `{"item":"book"}`).CombinedOutput()
 		if err != nil {
 			t.Fatalf("curl: %v\n%s", err, out)
 		}
@@ -192,7 +205,7 @@ func TestDocsNameExistingTests(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sources strings.Builder
-	for _, dir := range []string{".", ".."} {
+	for _, dir := range []string{".", "..", "../examples/chi"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
 		if err != nil {
 			t.Fatal(err)
@@ -211,7 +224,7 @@ func TestDocsNameExistingTests(t *testing.T) {
 	}
 	for _, m := range names {
 		if !strings.Contains(sources.String(), "func "+string(m[1])+"(") {
-			t.Errorf("docs/http-and-sql.md names %s, which no test file of idempotency/ or the root package defines", m[1])
+			t.Errorf("docs/http-and-sql.md names %s, which no test file of idempotency/, the root package or examples/chi defines", m[1])
 		}
 	}
 }

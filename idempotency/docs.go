@@ -25,7 +25,8 @@ func (m *Middleware) Docs() http.Handler {
 		Header:         m.cfg.Header,
 		MaxKeyLen:      m.cfg.MaxKeyLen,
 		Retention:      formatDuration(m.store.Retention()),
-		Scoped:         m.cfg.Scope != nil,
+		Scoped:         !m.cfg.GlobalScope,
+		ClientErrors:   m.clientErrorsText(),
 		Optional:       m.cfg.Optional,
 		CustomFP:       m.customFingerprint,
 		InFlightWait:   formatDuration(m.cfg.InFlightWait),
@@ -46,10 +47,10 @@ func (m *Middleware) Docs() http.Handler {
 }
 
 type docsData struct {
-	Header, Retention, InFlightWait, ReplayHeaders, Replayed, Omitted string
-	MaxKeyLen                                                         int
-	MaxRequestBody                                                    int64
-	Scoped, Optional, CustomFP                                        bool
+	Header, Retention, InFlightWait, ReplayHeaders, Replayed, Omitted, ClientErrors string
+	MaxKeyLen                                                                       int
+	MaxRequestBody                                                                  int64
+	Scoped, Optional, CustomFP                                                      bool
 }
 
 // validateDocsURL accepts a URI reference that can go in a Link header's <>
@@ -68,6 +69,25 @@ func validateDocsURL(s string) error {
 		return errors.New("remove the fragment: each problem type adds its own")
 	}
 	return nil
+}
+
+// clientErrorsText says which 4xx answers are kept, for the docs page.
+func (m *Middleware) clientErrorsText() string {
+	var notKept []string
+	for _, s := range m.cfg.NotKept {
+		notKept = append(notKept, fmt.Sprint(s))
+	}
+	never := ""
+	if len(notKept) > 0 {
+		never = " Answers with the status " + strings.Join(notKept, ", ") + " are never kept: retry them with the same key once the cause is fixed."
+	}
+	switch m.cfg.ClientErrors {
+	case ForgetClientErrors:
+		return "Answers with a 4xx status are not kept and leave no effect: the key stays free, so you can correct the request and send it again with the same key."
+	case CommitClientErrors:
+		return "Answers with a 4xx status are kept and replayed like any other." + never
+	}
+	return "Answers with a 4xx status leave no effect and are kept: a retry gets the same answer, and a corrected request needs a new key." + never
 }
 
 func formatDuration(d time.Duration) string {
@@ -95,20 +115,21 @@ and is not processed again. This follows the IETF draft
 quotes, <code>{{.Header}}: 8e03978e-40d5-43e8-bc93-6894a57f9324</code>, is the same key.
 The key is 1 to {{.MaxKeyLen}} printable ASCII characters, not counting the quotes, and
 holds no spaces. Use a UUID or another random value: a key you reuse for another
-request is refused.{{if .Scoped}} Keys are kept apart per user: two users choosing the
-same key never see each other's answers.{{end}}</p>
+request is refused.{{if .Scoped}} Keys are kept apart per client: two clients choosing
+the same key never see each other's answers.{{end}}</p>
 
 <h2 id="retention">How long a key is kept</h2>
-<p>A key and its answer are kept for at least {{.Retention}} after the first request,
-then deleted; a request with a deleted key is processed as a new one. Answers with
-a 5xx status are not kept: retry them with the same key. Replayed answers keep the
-status, the body and these headers: {{.ReplayHeaders}}. An answer whose body was too
-large to keep is replayed without its body, with <code>{{.Omitted}}: true</code>.</p>
+<p>A key and its answer are kept for {{.Retention}} after the first request, then
+deleted; a request with a deleted key is processed as a new one. Answers with a 5xx
+status are not kept and leave no effect: retry them with the same key.
+{{.ClientErrors}} Replayed answers keep the status, the body and these headers:
+{{.ReplayHeaders}}. An answer whose body was not kept is replayed without its body,
+with <code>{{.Omitted}}: true</code>.</p>
 
 <h2 id="same-request">What makes a retry the same request</h2>
-<p>{{if .CustomFP}}The fields of the request this API compares{{else}}The method, the path
-and query, and the body{{end}}: a request with a used key and anything else different is
-refused.</p>
+<p>The method, the path and {{if .CustomFP}}the fields of the request this API
+compares{{else}}the query and the body{{end}}: a request with a used key and anything
+else different is refused.</p>
 
 <h2 id="missing-key">400: {{.Header}} is missing</h2>
 <p>{{if .Optional}}This API accepts requests without a key, but then cannot replay
@@ -132,6 +153,14 @@ processed.</p>
 <h2 id="key-reused">422: {{.Header}} is already used</h2>
 <p>This key was used for a different request. Nothing was processed. Use a new key
 for a new request; to get the first request's answer, send that request again.</p>
+
+<h2 id="key-expired">422: {{.Header}} has expired</h2>
+<p>This key was first used more than {{.Retention}} ago: its answer is no longer kept
+or sent. Nothing was processed. Use a new key.</p>
+
+<h2 id="busy">503: the server is busy</h2>
+<p>The server had no capacity for the request and did not process it. Retry later,
+with the same key; the answer carries <code>Retry-After</code>.</p>
 </body>
 </html>
 `))

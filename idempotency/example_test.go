@@ -25,15 +25,36 @@ func Example() {
 		panic(err)
 	}
 
-	mw, err := idempotency.New(pool, idempotency.Config{Store: pgdedup.Config{Consumer: "orders-api"}})
+	// Authentication runs first and puts the verified user in the context;
+	// the middleware's Scope reads it there, so each user's keys are apart.
+	type userKey struct{}
+	tokens := map[string]string{"Bearer alice-token": "alice"} // your real verification
+	authenticate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			user, ok := tokens[r.Header.Get("Authorization")]
+			if !ok {
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
+		})
+	}
+	mw, err := idempotency.New(pool, idempotency.Config{
+		Store: pgdedup.Config{Consumer: "orders-api"},
+		Scope: func(r *http.Request) string {
+			user, _ := r.Context().Value(userKey{}).(string)
+			return user
+		},
+		Secret: exampleSecret, // 32 or more random bytes from your secret store
+	})
 	if err != nil {
 		panic(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST /orders", authenticate(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var in struct{ Item string }
 		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
-			http.Error(w, "bad JSON", http.StatusBadRequest) // stored: the same request gets it again
+			http.Error(w, "bad JSON", http.StatusBadRequest) // kept: the same request gets it again
 			return
 		}
 		var id int64
@@ -46,13 +67,14 @@ func Example() {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d,"item":%q}`+"\n", id, in.Item)
-	})))
+	}))))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"book"}`))
 		req.Header.Set("Idempotency-Key", "order-7f3c")
+		req.Header.Set("Authorization", "Bearer alice-token")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			panic(err)
@@ -77,7 +99,11 @@ func Example() {
 func ExampleMiddleware_Docs() {
 	pool, done := pgtest.ForExample()
 	defer done()
-	mw, err := idempotency.New(pool, idempotency.Config{Store: pgdedup.Config{Retention: 24 * time.Hour}})
+	mw, err := idempotency.New(pool, idempotency.Config{
+		Store:       pgdedup.Config{Retention: 24 * time.Hour},
+		GlobalScope: true, // one trusted caller; otherwise set Scope
+		Secret:      exampleSecret,
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -106,10 +132,13 @@ func ExampleMiddleware_Docs() {
 	}
 	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	fmt.Println(strings.Contains(string(page), "at least 24 hours"))
+	fmt.Println(strings.Contains(string(page), "kept for 24 hours"))
 	// Output:
 	// 400 </docs/idempotency-key>; rel="describedby"; type="text/html"
 	// /docs/idempotency-key#invalid-key
 	// Invalid Idempotency-Key header: the String has no closing quote.
 	// true
 }
+
+// exampleSecret stands for Config.Secret, which comes from a secret store.
+var exampleSecret = []byte("example only: 32+ random bytes from a secret store")

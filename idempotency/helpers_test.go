@@ -86,14 +86,35 @@ type bundle struct {
 	url  string
 }
 
+// testSecret is the tests' Config.Secret.
+var testSecret = []byte("test secret: 32 bytes or more, never a real one")
+
+// withDefaults fills in what every test's Config needs: the test secret and,
+// unless the test chose, a Scope from the verified user (see authenticate).
+func withDefaults(cfg idempotency.Config) idempotency.Config {
+	if cfg.Secret == nil {
+		cfg.Secret = testSecret
+	}
+	if cfg.Scope == nil && !cfg.GlobalScope {
+		cfg.Scope = userScope
+	}
+	return cfg
+}
+
 func setup(t *testing.T, cfg idempotency.Config, api *chargeAPI) *bundle {
 	t.Helper()
 	db := pgtest.New(t)
+	return setupOn(t, db, db.Pool, cfg, api)
+}
+
+// setupOn is setup on db, the middleware using pool.
+func setupOn(t *testing.T, db *pgtest.DB, pool *pgxpool.Pool, cfg idempotency.Config, api *chargeAPI) *bundle {
+	t.Helper()
 	if _, err := db.Pool.Exec(context.Background(),
-		`CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL, amount int NOT NULL)`); err != nil {
+		`CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, order_id text NOT NULL, amount int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idempotency.New(db.Pool, cfg)
+	mw, err := idempotency.New(pool, withDefaults(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,11 +124,34 @@ func setup(t *testing.T, cfg idempotency.Config, api *chargeAPI) *bundle {
 	mux := http.NewServeMux()
 	mux.Handle("POST /charges", mw.Wrap(api))
 	mux.Handle("GET "+idempotency.DefaultDocsURL, mw.Docs())
-	srv := httptest.NewUnstartedServer(mux)
+	srv := httptest.NewUnstartedServer(authenticate(mux))
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic test's recovered panic
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return &bundle{db: db, pool: db.Pool, mw: mw, api: api, url: srv.URL + "/charges"}
+}
+
+// tokens are the bearer tokens authenticate accepts, and whose they are.
+var tokens = map[string]string{"alice-token": "alice", "bob-token": "bob"}
+
+type userKey struct{}
+
+// authenticate is the tests' authentication middleware, which runs before the
+// idempotency middleware: it verifies the bearer token and puts its user in
+// the request's context. A request without a valid token goes on without one.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if user, ok := tokens[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]; ok {
+			r = r.WithContext(context.WithValue(r.Context(), userKey{}, user))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// userScope is Config.Scope from the verified user: "" without one.
+func userScope(r *http.Request) string {
+	user, _ := r.Context().Value(userKey{}).(string)
+	return user
 }
 
 // reply is what a client received.
@@ -122,7 +166,7 @@ func (r reply) replayed() bool { return r.header.Get(idempotency.ReplayedHeader)
 func (r reply) String() string { return fmt.Sprintf("%d %v %q", r.status, r.header, r.body) }
 
 // post sends body to url with the given key ("" for none) and extra headers
-// as name, value pairs.
+// as name, value pairs, as alice unless an Authorization header is given.
 func post(t *testing.T, url, key, body string, headers ...string) reply {
 	t.Helper()
 	r, err := send(url, key, body, headers...)
@@ -149,6 +193,12 @@ func sendWith(c *http.Client, url, key, body string, headers ...string) (reply, 
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
+	}
+	req.Header.Set("Authorization", "Bearer alice-token") // unless headers say otherwise
+	for i := 0; i+1 < len(headers); i += 2 {
+		if http.CanonicalHeaderKey(headers[i]) == "Authorization" {
+			req.Header.Del("Authorization")
+		}
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Add(headers[i], headers[i+1])

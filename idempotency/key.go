@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -9,7 +8,7 @@ import (
 )
 
 // validateKey accepts 1 to maxLen bytes of visible ASCII. Spaces are excluded,
-// which keeps scopedID unambiguous; a quoted String may hold one, and gets 400.
+// which keeps a scoped ID (scope hash, space, key) unambiguous; a quoted String may hold one, and gets 400.
 func validateKey(key string, maxLen int) error {
 	if len(key) > maxLen {
 		return fmt.Errorf("%d bytes, longer than %d", len(key), maxLen)
@@ -28,19 +27,6 @@ func validateKey(key string, maxLen int) error {
 	return nil
 }
 
-// scopedID is the message ID a key is recorded under: the key alone, or the
-// scope, a space and the key. Keys have no spaces, so the last space of an ID
-// separates scope and key and two (scope, key) pairs never share an ID.
-func scopedID(scope func(*http.Request) string, r *http.Request, key string) string {
-	if scope == nil {
-		return key
-	}
-	if s := scope(r); s != "" {
-		return s + " " + key
-	}
-	return key
-}
-
 // readBody reads the whole request body, at most limit bytes. On failure it
 // returns the status to answer with and a detail for the client; status 0 is
 // success.
@@ -53,18 +39,11 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, detail str
 		return nil, http.StatusBadRequest, "The request body could not be read."
 	}
 	if int64(len(body)) > limit {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("The request body is larger than %d bytes, the most this endpoint accepts with an idempotency key.", limit)
+		return nil, http.StatusRequestEntityTooLarge, bodyTooLargeDetail(limit)
 	}
 	return body, 0, ""
 }
 
-// defaultFingerprint identifies a request by its method, target (path and
-// query, as sent) and body.
-func defaultFingerprint(r *http.Request, body []byte) string {
-	return r.Method + " " + r.URL.RequestURI() + "\n" + string(body)
-}
-
-func fingerprintSum(s string) []byte {
-	sum := sha256.Sum256([]byte(s))
-	return sum[:]
+func bodyTooLargeDetail(limit int64) string {
+	return fmt.Sprintf("The request body is larger than %d bytes, the most this endpoint accepts with an idempotency key.", limit)
 }

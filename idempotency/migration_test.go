@@ -67,7 +67,7 @@ WHERE request_fingerprint IS NULL AND response_status IS NULL AND response_heade
 	}
 	// The middleware works on the upgraded table; an old message ID under the
 	// same consumer name is not a key this middleware stored: 422, not a replay.
-	mw, err := idempotency.New(db.Pool, idempotency.Config{Store: pgdedup.Config{Consumer: "billing"}})
+	mw, err := idempotency.New(db.Pool, idempotency.Config{Store: pgdedup.Config{Consumer: "billing"}, GlobalScope: true, Secret: testSecret})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,34 +10,6 @@ import (
 	"github.com/pgdedup/pgdedup/idempotency"
 )
 
-func TestScopeSeparatesUsers(t *testing.T) {
-	t.Parallel()
-	scope := func(r *http.Request) string {
-		if u := r.Header.Get("X-User"); u != "alice-space" {
-			return u
-		}
-		return "alice " // net/http trims header values, so map it here
-	}
-	b := setup(t, idempotency.Config{Scope: scope}, nil)
-
-	alice := post(t, b.url, "k", order, "X-User", "alice")
-	bob := post(t, b.url, "k", order, "X-User", "bob")
-	// A scope ending in a space must not meet another (scope, key) pair.
-	spaced := post(t, b.url, "k", order, "X-User", "alice-space")
-	anon := post(t, b.url, "k", order)
-	for name, r := range map[string]reply{"alice": alice, "bob": bob, "alice+space": spaced, "anonymous": anon} {
-		if r.status != 201 || r.replayed() {
-			t.Errorf("%s: %v", name, r)
-		}
-	}
-	if again := post(t, b.url, "k", order, "X-User", "alice"); again.body != alice.body || !again.replayed() {
-		t.Fatalf("alice again: %v", again)
-	}
-	if charges(t, b.pool) != 4 || keys(t, b.pool) != 4 {
-		t.Fatalf("%d charges, %d keys; want 4, 4", charges(t, b.pool), keys(t, b.pool))
-	}
-}
-
 func TestOptionalKeyStillRunsInATransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t, idempotency.Config{Optional: true}, nil)
@@ -106,16 +78,39 @@ func TestRequestBodyLimitAndClientErrorsStored(t *testing.T) {
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	db := setup(t, idempotency.Config{}, nil).pool
+	scope := func(*http.Request) string { return "x" }
 	for name, cfg := range map[string]idempotency.Config{
-		"negative wait":    {InFlightWait: -1},
-		"key too long":     {MaxKeyLen: 2000},
-		"negative body":    {MaxStoredBody: -1},
-		"bad table":        {Store: pgdedup.Config{Table: "x.y.z"}},
-		"negative request": {MaxRequestBody: -1},
+		"no scope":               {Secret: testSecret},
+		"scope and global":       {Scope: scope, GlobalScope: true, Secret: testSecret},
+		"no secret":              {Scope: scope},
+		"short secret":           {Scope: scope, Secret: testSecret[:idempotency.MinSecretLen-1]},
+		"negative wait":          {InFlightWait: -1},
+		"key too long":           {MaxKeyLen: 2000},
+		"negative body":          {MaxStoredBody: -1},
+		"bad table":              {Store: pgdedup.Config{Table: "x.y.z"}},
+		"negative request":       {MaxRequestBody: -1},
+		"negative in flight":     {MaxInFlight: -1},
+		"negative acquire":       {AcquireTimeout: -1},
+		"negative waiters":       {MaxWaitersPerKey: -1},
+		"unknown policy":         {ClientErrors: 7},
+		"header with a space":    {Header: "Idempotency Key"},
+		"replay Set-Cookie":      {ReplayHeaders: []string{"Content-Type", "set-cookie"}},
+		"replay a bad name":      {ReplayHeaders: []string{"X Y"}},
+		"not kept 500":           {NotKept: []int{500}},
+		"not kept 200":           {NotKept: []int{200}},
+		"safe method with space": {SafeMethods: []string{"GET "}},
 	} {
+		if name != "no scope" && name != "scope and global" && name != "no secret" && name != "short secret" {
+			cfg = withDefaults(cfg)
+		}
 		if _, err := idempotency.New(db, cfg); err == nil {
 			t.Errorf("%s: no error", name)
+		} else if !strings.HasPrefix(err.Error(), "idempotency: Config.") && !strings.HasPrefix(err.Error(), "pgdedup: Config.") {
+			t.Errorf("%s: %v does not name the field", name, err)
 		}
+	}
+	if _, err := idempotency.New(db, idempotency.Config{GlobalScope: true, Secret: testSecret[:idempotency.MinSecretLen]}); err != nil {
+		t.Errorf("GlobalScope and a secret of MinSecretLen: %v", err)
 	}
 }
 

@@ -2,7 +2,10 @@ package idempotency
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 // problemDetails is an RFC 9457 problem.
@@ -28,6 +31,7 @@ var (
 	missingKey   = problemKind{"missing-key", " is missing"}
 	invalidKey   = problemKind{"invalid-key", " is invalid"}
 	keyReused    = problemKind{"key-reused", " is already used"}
+	keyExpired   = problemKind{"key-expired", " has expired"}
 	keyInFlight  = problemKind{"key-in-flight", ": a request is outstanding for this key"}
 	bodyTooLarge = problemKind{"body-too-large", ": the request body is too large"}
 	// otherProblem is not about the key's use (an unreadable body, a
@@ -53,4 +57,48 @@ func (m *Middleware) problem(w http.ResponseWriter, status int, kind problemKind
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
+}
+
+func (m *Middleware) inFlight(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	m.problem(w, http.StatusConflict, keyInFlight, fmt.Sprintf("A request with this %s is still being processed. Retry it later to get its response.", m.cfg.Header))
+}
+
+func (m *Middleware) keyReused(w http.ResponseWriter) {
+	m.problem(w, http.StatusUnprocessableEntity, keyReused, fmt.Sprintf("This %s was already used for a different request (another method, URL or body). Use a new key for a new request.", m.cfg.Header))
+}
+
+// busy answers a request that got no turn on the database (MaxInFlight)
+// within AcquireTimeout. Nothing was read or processed.
+func (m *Middleware) busy(w http.ResponseWriter, r *http.Request) {
+	if r.Context().Err() != nil {
+		return // the client is gone
+	}
+	w.Header().Set("Retry-After", "1")
+	m.problem(w, http.StatusServiceUnavailable, otherProblem, fmt.Sprintf("The server is busy and did not process this request. Retry it later with the same %s.", m.cfg.Header))
+}
+
+// failed answers a request that failed on the server for a reason a retry
+// does not cure. Nothing was committed.
+func (m *Middleware) failed(w http.ResponseWriter) {
+	m.problem(w, http.StatusInternalServerError, otherProblem, "The request failed because of an error on the server. Nothing was recorded.")
+}
+
+// fail answers a request that could not be completed because of the
+// database. A transient failure (503) is worth retrying with the same key:
+// nothing was committed, or, after a commit whose outcome was lost, the retry
+// finds the key and gets its answer. Any other failure gets 500 and no such
+// promise: the same request would likely fail the same way.
+func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client is gone
+	}
+	if pgdedup.IsTransient(err) {
+		m.log.WarnContext(r.Context(), "idempotency: request failed", "consumer", m.store.Consumer(), "error", err)
+		w.Header().Set("Retry-After", "1")
+		m.problem(w, http.StatusServiceUnavailable, otherProblem, fmt.Sprintf("The request could not be completed because the database was unavailable. Retry it with the same %s: if it was completed, the retry gets its answer.", m.cfg.Header))
+		return
+	}
+	m.log.ErrorContext(r.Context(), "idempotency: request failed", "consumer", m.store.Consumer(), "error", err)
+	m.problem(w, http.StatusInternalServerError, otherProblem, "The request could not be completed because of an error on the server.")
 }

@@ -60,8 +60,11 @@ type response struct {
 	fingerprint []byte // stored responses only
 	status      int
 	header      http.Header
-	body        []byte // empty, not nil, when omitted
-	omitted     bool   // the body was larger than Config.MaxStoredBody
+	body        []byte    // empty, not nil, when omitted
+	omitted     bool      // the body was not stored (see BodyOmittedHeader)
+	expired     bool      // stored responses only: past expires_at, not to be replayed
+	sealed      bool      // body is what Config.StoredBody sealed, to open before a replay
+	stored      *response // what save stored of this response, once it has
 }
 
 // forStorage returns the part of resp that is stored: the headers in keep and

@@ -20,7 +20,7 @@ func TestWrapFuncErrorRollsBack(t *testing.T) {
 	b := setup(t, idempotency.Config{}, nil)
 	var calls atomic.Int32
 	failWith := make(chan error, 1) // the next call returns this after its insert
-	srv := httptest.NewServer(b.mw.WrapFunc(func(w http.ResponseWriter, r *http.Request) error {
+	srv := httptest.NewServer(authenticate(b.mw.WrapFunc(func(w http.ResponseWriter, r *http.Request) error {
 		calls.Add(1)
 		if _, err := idempotency.Tx(r.Context()).Exec(r.Context(), `INSERT INTO charges (order_id, amount) VALUES ('o', 1)`); err != nil {
 			return err
@@ -33,7 +33,7 @@ func TestWrapFuncErrorRollsBack(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 		return nil
-	}))
+	})))
 	t.Cleanup(srv.Close)
 
 	failWith <- errors.New("payment provider said no")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgdedup/pgdedup"
 )
 
 // broker delivers message IDs at least once to concurrent consumers, like a
@@ -27,7 +28,10 @@ type broker struct {
 	busy     atomic.Int64 // deliveries being handled
 	acked    atomic.Int64 // deliveries handled without error
 	failures atomic.Int64 // deliveries that failed and were delivered again
-	lastErr  atomic.Value // the last failure, for the log
+	// permanent counts the failures pgdedup.IsTransient does not call
+	// transient: a consumer following the docs would dead-letter them.
+	permanent atomic.Int64
+	lastErr   atomic.Value // the last failure, for the log
 
 	errMu  sync.Mutex
 	errors map[string]int // failures by message, for the log
@@ -145,6 +149,9 @@ func (b *broker) run(ctx context.Context, consumers int, batch func(c int) int, 
 				err := handle(ctx, c, ids)
 				if err != nil {
 					b.failures.Add(int64(len(ids)))
+					if !pgdedup.IsTransient(err) {
+						b.permanent.Add(int64(len(ids)))
+					}
 					b.lastErr.Store(err.Error())
 					b.failed(err)
 					time.Sleep(20 * time.Millisecond)

@@ -29,8 +29,10 @@ func pgCtl(dir string, args ...string) error {
 // A worker crashes (pg_ctl restart -m immediate) while 8 consumers process
 // messages delivered twice each: deliveries that fail meanwhile are delivered
 // again, and in the end every message is charged exactly once: none doubled,
-// none lost. Not parallel: the restart breaks every open transaction on the
-// worker.
+// none lost. Every failure is one IsTransient calls transient, Citus's
+// "failure on connection marked as essential" (XX000) included, so a consumer
+// requeues rather than dead-letters it. Not parallel: the restart breaks
+// every open transaction on the worker.
 func TestWorkerRestartUnderLoad(t *testing.T) {
 	dir := need(t, "TEST_CITUS_WORKER_PGDATA")
 	s := newSchema(t, 0)
@@ -66,6 +68,9 @@ func TestWorkerRestartUnderLoad(t *testing.T) {
 	t.Logf("%d messages, %d deliveries acked, %d failed and delivered again:\n%s",
 		len(ids), b.acked.Load(), b.failures.Load(), b.errorSummary())
 	s.checkExactlyOnce(t, ids)
+	if n := b.permanent.Load(); n != 0 {
+		t.Errorf("%d deliveries failed with an error IsTransient does not call transient", n)
+	}
 }
 
 // Scale-out under load: while 8 consumers process messages (each delivered

@@ -92,7 +92,7 @@ SELECT 'cleaner-expired', 'expired-' || i, now() - interval '1 hour' - i * inter
 	if err != nil {
 		t.Fatal(err)
 	}
-	short, err := pgdedup.New(db, pgdedup.Config{Consumer: "cleaner-short", Retention: 200 * time.Millisecond, MaxAttempts: 1})
+	short, err := pgdedup.New(db, pgdedup.Config{Consumer: "cleaner-short", Retention: pgdedup.MinRetention, MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,30 +26,32 @@ import (
 // Cleaners take turns as on plain PostgreSQL: each batch's transaction first
 // tries the transaction-scoped advisory lock on the coordinator, so every
 // cleaner must connect through the coordinator, as all of pgdedup does.
-func (s *Store) cleanupCitus(ctx context.Context) (deleted int64, err error) {
-	t := s.sql.table
+func (s *Store) cleanupCitus(ctx context.Context) (deleted int64, skipped bool, err error) {
+	t := s.messages.table
 	batch := int64(s.cfg.CleanupBatchSize)
 	var from, now time.Time
 	var empty bool
 	err = s.db.QueryRow(ctx, `SELECT coalesce(min(expires_at), now()), now(), min(expires_at) IS NULL FROM `+t+
 		` WHERE expires_at < now()`).Scan(&from, &now, &empty)
 	if err != nil || empty {
-		return 0, s.cleanupError(ctx, err)
+		return 0, false, s.cleanupError(ctx, err)
 	}
 	width := time.Second // grows or shrinks with the density of expiries
+	hadTurn := false
 	for !from.After(now) {
 		if err := ctx.Err(); err != nil {
-			return deleted, err
+			return deleted, false, err
 		}
 		t0 := time.Now()
 		to := from.Add(width)
 		n, counted, turn, err := s.cleanupWindow(ctx, from, to, batch, width <= time.Microsecond)
 		if err != nil {
-			return deleted, s.cleanupError(ctx, err)
+			return deleted, false, s.cleanupError(ctx, err)
 		}
 		if !turn {
-			return deleted, nil // another cleaner is at work
+			return deleted, !hadTurn, nil // another cleaner is at work
 		}
+		hadTurn = true
 		deleted += n
 		if counted > batch && width > time.Microsecond {
 			width = max(time.Microsecond, time.Duration(float64(width)*0.75*float64(batch)/float64(counted)))
@@ -58,10 +60,10 @@ func (s *Store) cleanupCitus(ctx context.Context) (deleted int64, err error) {
 		if counted == 0 { // a gap: go on from the next expired row, if any
 			var next *time.Time
 			if err := s.db.QueryRow(ctx, `SELECT min(expires_at) FROM `+t+` WHERE expires_at >= $1 AND expires_at < now()`, to).Scan(&next); err != nil {
-				return deleted, s.cleanupError(ctx, err)
+				return deleted, false, s.cleanupError(ctx, err)
 			}
 			if next == nil {
-				return deleted, nil
+				return deleted, false, nil
 			}
 			from = *next
 			continue
@@ -72,7 +74,7 @@ func (s *Store) cleanupCitus(ctx context.Context) (deleted int64, err error) {
 			width = time.Duration(float64(width) * min(16, 0.75*float64(batch)/float64(counted)))
 		}
 	}
-	return deleted, nil
+	return deleted, false, nil
 }
 
 // cleanupWindow runs one batch: in one transaction, it tries the cleaners'
@@ -80,7 +82,7 @@ func (s *Store) cleanupCitus(ctx context.Context) (deleted int64, err error) {
 // expired rows with expires_at in [from, to) and deletes them if there are at
 // most batch of them or force is set.
 func (s *Store) cleanupWindow(ctx context.Context, from, to time.Time, batch int64, force bool) (deleted, counted int64, turn bool, err error) {
-	t := s.sql.table
+	t := s.messages.table
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	// One connection per worker (the workers in parallel, each worker's shards
@@ -122,5 +124,5 @@ func (s *Store) cleanupError(ctx context.Context, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
-	return fmt.Errorf("pgdedup: cleanup of %s: %w", s.sql.table, withDetail(err))
+	return fmt.Errorf("pgdedup: cleanup of %s: %w", s.messages.table, withDetail(err))
 }

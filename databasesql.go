@@ -1,0 +1,111 @@
+package pgdedup
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"strings"
+)
+
+// ClaimSQL is [Store.Claim] for services that reach Postgres through database/sql
+// (sqlc, sqlx, bun, GORM over pgx's stdlib driver, lib/pq): it records
+// messageID for the [Store]'s consumer inside tx and reports whether it is new.
+// The claim commits or rolls back with tx, so run the business write in tx
+// only when claimed is true.
+//
+// It runs the same statement as Claim, with the same validation, and behaves
+// the same: a duplicate returns (false, nil) and leaves tx usable; another
+// transaction holding the ID is waited for, or, with [Config.LockTimeout], gives
+// [ErrInFlight] after which tx is aborted and must be rolled back. It does not
+// retry. The Store's own [DB] is not used; tx may come from any *sql.DB on the
+// same database.
+//
+// Without Config.LockTimeout the claim is one round trip. With it, database/sql
+// cannot pipeline as pgx does, so it costs three: the transaction-local timeout
+// is set (one multi-statement Exec without arguments), the claim runs, and the
+// previous lock_timeout is restored.
+func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (claimed bool, err error) {
+	if err := ValidateMessageID(messageID); err != nil {
+		return false, err
+	}
+	c := &idClaim{store: s, id: messageID}
+	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
+		return false, err
+	}
+	return c.claimed, nil
+}
+
+// ClaimBatchSQL is [Store.ClaimBatch] for database/sql: it records messageIDs inside tx
+// and returns the ones that are new, in the order they first appear in
+// messageIDs, each once. It runs ClaimBatch's statements, sorted the same
+// way so that overlapping batches cannot deadlock, and rejects the batch as
+// ClaimBatch does before anything is sent. Round trips and
+// [Config.LockTimeout] are as in [Store.ClaimSQL].
+//
+// The IDs and their keys travel as array parameters written as Postgres
+// array literals, so no driver-specific array type is needed.
+func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string) (fresh []string, err error) {
+	c, err := s.newBatchClaim(messageIDs)
+	if err != nil || len(c.sorted.ids) == 0 {
+		return nil, err
+	}
+	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
+		return nil, err
+	}
+	return c.freshIDs(), nil
+}
+
+// ClaimOffsetsSQL is [Store.ClaimOffsets] for database/sql: inside tx it
+// advances p's stored offset to the highest of offsets and returns those above
+// the previously stored one. It validates as ClaimOffsets does and costs two
+// round trips (the claim, then the read of the stored row that tells a
+// duplicate from a fenced claim), plus two with [Config.LockTimeout].
+func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p Partition, offsets []int64) (fresh []int64, err error) {
+	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
+		return nil, err
+	}
+	c := &offsetsClaim{store: s, p: p, offsets: offsets}
+	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
+		return nil, err
+	}
+	return c.freshOffsets(), nil
+}
+
+// sqlArgs returns args with every []string written as a Postgres array
+// literal (see textArray), for drivers without array support of their own.
+func sqlArgs(args []any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		if ss, ok := a.([]string); ok {
+			a = textArray(ss)
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// textArray is a text[] parameter as a Postgres array literal. Every element
+// is quoted, so no element is read as NULL and commas or braces in IDs are
+// data; inside quotes only " and \ need a backslash.
+type textArray []string
+
+// Value implements driver.Valuer.
+func (a textArray) Value() (driver.Value, error) {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range a {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(s); j++ {
+			if s[j] == '"' || s[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String(), nil
+}

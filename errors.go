@@ -1,0 +1,90 @@
+package pgdedup
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The errors pgdedup returns, wrapped with what was being done: compare with
+// errors.Is.
+var (
+	// ErrInvalidMessageID is returned, wrapped with the reason, for an ID that is
+	// empty, not valid UTF-8, contains a NUL byte or is longer than
+	// [MaxMessageIDLen] bytes, and for a batch holding one (naming its index).
+	// Nothing is sent to the database.
+	ErrInvalidMessageID = errors.New("pgdedup: invalid message ID")
+
+	// ErrBatchTooLarge is returned, wrapped with the sizes, for a batch of more
+	// IDs than [Config.MaxBatch]. Nothing is sent to the database: split
+	// the batch.
+	ErrBatchTooLarge = errors.New("pgdedup: batch too large")
+
+	// ErrInFlight is returned when [Config.LockTimeout] is set and another
+	// transaction still holds the same message ID (or partition) after that
+	// long. The message was not processed by this call: nack or requeue it so
+	// it is retried.
+	ErrInFlight = errors.New("pgdedup: message is being processed by another transaction")
+
+	// ErrInvalidOffset is returned, wrapped with the reason, for a [Partition]
+	// or offsets that cannot be claimed: an empty or invalid topic, a negative
+	// partition, generation or offset, or a batch whose offsets are not strictly
+	// increasing. Nothing is sent to the database.
+	ErrInvalidOffset = errors.New("pgdedup: invalid offset")
+
+	// ErrFenced is returned when a claim's [Partition.Generation] is older than
+	// the one stored for the partition: another consumer was assigned the
+	// partition in a later generation and has committed since. Nothing was
+	// claimed; roll back, stop processing the partition and wait for the next
+	// assignment (and its offsets from [Store.ResumeOffsets]).
+	ErrFenced = errors.New("pgdedup: partition is held by a newer generation")
+
+	// ErrCleanupStarved is returned by [Store.Cleanup], wrapped with who holds
+	// the turn, when it could not take the cleaners' turn: for
+	// [Config.CleanupTurnWait], or for three runs in a row. Expired rows are
+	// piling up: find the session that holds the turn.
+	ErrCleanupStarved = errors.New("pgdedup: cleanup never got its turn")
+
+	errNilFunc = errors.New("pgdedup: fn must not be nil")
+	errNilTx   = errors.New("pgdedup: tx must not be nil")
+)
+
+// ConfigError is the error [New] and [Config.Validate] return for an invalid
+// [Config] field.
+type ConfigError struct {
+	Field  string // the field's name: "Table", "Retention", …
+	Reason string // what is wrong, worded to follow the name: "must not be negative, got -1s"
+}
+
+// Error returns "pgdedup: Config.Field Reason".
+func (e *ConfigError) Error() string { return "pgdedup: Config." + e.Field + " " + e.Reason }
+
+// detailError adds the server's DETAIL and HINT to the message of a
+// *pgconn.PgError, whose Error method leaves them out although they often say
+// what went wrong (Citus, for one, explains in DETAIL why it refuses a
+// statement). errors.As still finds the *pgconn.PgError.
+type detailError struct {
+	err  error
+	text string
+}
+
+func (e *detailError) Error() string { return e.err.Error() + e.text }
+func (e *detailError) Unwrap() error { return e.err }
+
+// withDetail returns err with the DETAIL and HINT of the *pgconn.PgError it
+// wraps, if any, added to its message; other errors are returned as they are.
+func withDetail(err error) error {
+	var pgErr *pgconn.PgError
+	var done *detailError
+	if err == nil || errors.As(err, &done) || !errors.As(err, &pgErr) || pgErr.Detail == "" && pgErr.Hint == "" {
+		return err
+	}
+	text := ""
+	if pgErr.Detail != "" {
+		text += "; DETAIL: " + pgErr.Detail
+	}
+	if pgErr.Hint != "" {
+		text += "; HINT: " + pgErr.Hint
+	}
+	return &detailError{err: err, text: text}
+}

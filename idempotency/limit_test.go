@@ -1,0 +1,172 @@
+package idempotency_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup/idempotency"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// eventually polls cond until it holds; it fails t after a minute. It waits
+// for requests to reach a state, and asserts nothing about time.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not: %s", what)
+		}
+	}
+}
+
+// slowSetup is setup on a pool of 4 connections, with a handler that holds
+// each request until released.
+func slowSetup(t *testing.T, cfg idempotency.Config) (*bundle, *pgxpool.Pool) {
+	t.Helper()
+	db := pgtest.New(t)
+	pool := pgtest.Pool(t, db.URL, 4)
+	api := &chargeAPI{gate: make(chan struct{}), entered: make(chan struct{}, 64)}
+	return setupOn(t, db, pool, cfg, api), pool
+}
+
+// With a pool of 4, keyed requests hold at most MaxInFlight (by default half
+// the pool) connections however many arrive: the rest of the service keeps
+// connections, and the requests beyond the cap get 503 with Retry-After once
+// AcquireTimeout has passed, without being read or processed.
+func TestMaxInFlightLeavesConnectionsToOthers(t *testing.T) {
+	t.Parallel()
+	b, pool := slowSetup(t, idempotency.Config{AcquireTimeout: 100 * time.Millisecond})
+
+	const n = 6
+	replies := make(chan reply, n)
+	for i := range n {
+		go func() { r, _ := send(b.url, fmt.Sprint("k", i), order); replies <- r }()
+	}
+	<-b.api.entered
+	<-b.api.entered // two handlers hold connections
+	busy := 0
+	for range n - 2 {
+		r := <-replies
+		if !isProblem(r, 503) || r.header.Get("Retry-After") == "" {
+			t.Fatalf("request beyond the cap: %v", r)
+		}
+		busy++
+	}
+	if got := pool.Stat().AcquiredConns(); got > 2 {
+		t.Fatalf("%d connections held by the middleware, want at most 2 of 4", got)
+	}
+	var one int // the rest of the service still gets a connection
+	if err := pool.QueryRow(t.Context(), `SELECT 1`).Scan(&one); err != nil {
+		t.Fatal(err)
+	}
+	b.api.gate <- struct{}{}
+	b.api.gate <- struct{}{}
+	for range 2 {
+		if r := <-replies; r.status != 201 {
+			t.Fatal(r)
+		}
+	}
+	if busy != n-2 || b.api.calls.Load() != 2 || charges(t, b.pool) != 2 {
+		t.Fatalf("%d busy, %d calls, %d charges", busy, b.api.calls.Load(), charges(t, b.pool))
+	}
+}
+
+// One slow request and 11 duplicates of its key hold one connection: the
+// duplicates wait in memory, then replay the first answer without a round
+// trip each, as a lookup would (bodies through StoredBody). More than
+// MaxWaitersPerKey get 409 at once.
+func TestSameKeyWaitersHoldNoConnection(t *testing.T) {
+	t.Parallel()
+	b, pool := slowSetup(t, idempotency.Config{InFlightWait: time.Minute, MaxWaitersPerKey: 11, StoredBody: newSealed(t)})
+
+	replies := make(chan reply, 13)
+	go func() { r, _ := send(b.url, "same", order); replies <- r }()
+	<-b.api.entered
+	for range 11 {
+		go func() { r, _ := send(b.url, "same", order); replies <- r }()
+	}
+	eventually(t, "11 requests waiting for the key", func() bool { _, n := b.mw.Waiting(); return n == 11 })
+	if got := pool.Stat().AcquiredConns(); got != 1 {
+		t.Fatalf("%d connections held by 1 request and 11 duplicates, want 1", got)
+	}
+	if r := post(t, b.url, "same", order); !isProblem(r, 409) {
+		t.Fatalf("the 12th duplicate, over MaxWaitersPerKey: %v", r)
+	}
+	b.api.gate <- struct{}{}
+	first, fresh := reply{}, 0
+	for range 12 {
+		r := <-replies
+		if r.status != 201 {
+			t.Fatal(r)
+		}
+		if first.body == "" {
+			first = r
+		}
+		if r.body != first.body {
+			t.Fatalf("different answers: %v and %v", r, first)
+		}
+		if !r.replayed() {
+			fresh++
+		}
+	}
+	if fresh != 1 || b.api.calls.Load() != 1 || charges(t, b.pool) != 1 {
+		t.Fatalf("%d fresh, %d calls, %d charges; want 1 each", fresh, b.api.calls.Load(), charges(t, b.pool))
+	}
+	// A waiter with another body gets 422 from the kept answer.
+	if r := post(t, b.url, "same", `{"order":"o-2","amount":1}`); !isProblem(r, 422) {
+		t.Fatal(r)
+	}
+}
+
+// Requests waiting for a turn on the database have not read their body: 20
+// queued 256 KiB requests hold none of it in memory.
+func TestQueuedRequestsDoNotReadTheirBody(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	var read atomic.Int64
+	api := &chargeAPI{gate: make(chan struct{}), entered: make(chan struct{}, 64)}
+	b := setupOn(t, db, db.Pool, idempotency.Config{MaxInFlight: 1, AcquireTimeout: time.Minute, MaxRequestBody: 1 << 20}, api)
+	srv := httptest.NewServer(authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = countingBody{r.Body, &read}
+		b.mw.Wrap(api).ServeHTTP(w, r)
+	})))
+	t.Cleanup(srv.Close)
+
+	body := `{"order":"o-1","amount":500}` + strings.Repeat(" ", 256<<10)
+	var wg sync.WaitGroup
+	for i := range 21 {
+		wg.Go(func() { _, _ = send(srv.URL, fmt.Sprint("k", i), body) })
+	}
+	<-api.entered
+	eventually(t, "20 requests waiting for a turn", func() bool { n, _ := b.mw.Waiting(); return n == 20 })
+	if got := read.Load(); got > int64(len(body)) {
+		t.Fatalf("%d body bytes read with one request running and 20 queued, want at most %d", got, len(body))
+	}
+	for range 21 {
+		api.gate <- struct{}{}
+	}
+	wg.Wait()
+	if n := charges(t, b.pool); n != 21 {
+		t.Fatalf("%d charges, want 21", n)
+	}
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
