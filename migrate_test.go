@@ -1,11 +1,13 @@
 package pgdedup_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -106,6 +108,9 @@ func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
 	if !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) || !strings.Contains(err.Error(), "pgdedup migrate sql --goose-dir") {
 		t.Fatalf("Migrate after the host's goose: %v", err)
 	}
+	if err := pgdedup.CheckMigrationOwner(ctx, sqlDB); !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) {
+		t.Fatalf("CheckMigrationOwner after the host's goose: %v", err)
+	}
 	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = $2`, db.Schema, pgdedup.VersionTable); n != 0 {
 		t.Fatalf("Migrate created %s", pgdedup.VersionTable)
 	}
@@ -113,6 +118,9 @@ func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
 	// before this check left it, changes nothing either.
 	mustExec(t, db.Pool, `CREATE TABLE `+pgdedup.VersionTable+` (id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now())`)
 	mustExec(t, db.Pool, `INSERT INTO `+pgdedup.VersionTable+` (version_id, is_applied) VALUES (0, true)`)
+	if err := pgdedup.CheckMigrationOwner(ctx, sqlDB); !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) {
+		t.Fatalf("CheckMigrationOwner with an empty %s: %v", pgdedup.VersionTable, err)
+	}
 	if err := pgdedup.Migrate(ctx, sqlDB); !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) {
 		t.Fatalf("Migrate with an empty %s: %v", pgdedup.VersionTable, err)
 	}
@@ -133,10 +141,147 @@ func TestMigrateRefusesATableAnotherToolMigrates(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer both.Close()
+	if err := pgdedup.CheckMigrationOwner(ctx, both); err != nil {
+		t.Fatalf("CheckMigrationOwner with processed_messages further down the search_path: %v", err)
+	}
 	if err := pgdedup.Migrate(ctx, both); err != nil {
 		t.Fatalf("Migrate with processed_messages further down the search_path: %v", err)
 	}
 	if n := pgtest.Count(t, other.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('processed_messages', $2)`, other.Schema, pgdedup.VersionTable); n != 2 {
 		t.Fatalf("%d of processed_messages, %s in the first schema, want 2", n, pgdedup.VersionTable)
+	}
+}
+
+// A search_path naming only a schema that does not exist leaves no schema to
+// create the tables in: Migrate says so, before creating anything.
+func TestMigrateSearchPathWithoutSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	missing := db.Schema + "_missing"
+	url, err := pgtest.WithSearchPath(db.URL, missing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pgtest.PgBouncer() {
+		// PgBouncer refuses a search_path startup parameter, and keeps the
+		// sessions of the test's role open: a role of its own, whose first
+		// session starts with the search_path.
+		var role string
+		role, url = db.NewRole(t)
+		mustExec(t, db.Pool, `ALTER ROLE `+role+` SET search_path = `+missing)
+	}
+	sqlDB, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	err = pgdedup.Migrate(ctx, sqlDB)
+	if err == nil || !strings.Contains(err.Error(), "no schema of the search_path ("+missing+") exists") ||
+		strings.Contains(err.Error(), "22004") {
+		t.Fatalf("Migrate with search_path %s: %v", missing, err)
+	}
+	if err := pgdedup.CheckMigrationOwner(ctx, sqlDB); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("CheckMigrationOwner with search_path %s: %v", missing, err)
+	}
+}
+
+// While another process holds the migration lock, Migrate waits to apply
+// what is pending; when it gives up (here when ctx ends), its error says who
+// holds the lock and since when, as the lock's row records it.
+func TestMigrateNamesTheLockHolder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	if holder, err := pgdedup.MigrationLockHolder(ctxT(t), sqlDB); err != nil || holder != "" {
+		t.Fatalf("lock holder before any migration: %q, %v", holder, err)
+	}
+	p, err := pgdedup.NewMigrationProvider(sqlDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctxT(t), 1); err != nil { // the rest is pending
+		t.Fatal(err)
+	}
+	if holder, err := pgdedup.MigrationLockHolder(ctxT(t), sqlDB); err != nil || holder != "" {
+		t.Fatalf("lock holder after a migration: %q, %v", holder, err)
+	}
+	// Another migrator's row, as goose's table locker writes it; its lease
+	// is renewed while it runs, so it does not lapse during the test.
+	mustExec(t, db.Pool, `UPDATE `+pgdedup.LockTable+` SET locked = true, locked_by = 'deploy-7-host-4242-beef',
+	locked_at = '2026-03-01T10:00:00Z', lease_expires_at = now() + interval '1 hour', updated_at = now()`)
+
+	ctx, cancel := context.WithTimeout(ctxT(t), 2*time.Second) // how long this caller is willing to wait
+	defer cancel()
+	err = pgdedup.Migrate(ctx, sqlDB)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Migrate while the lock is held: %v, want the context's deadline", err)
+	}
+	for _, want := range []string{`held by "deploy-7-host-4242-beef", since 2026-03-01T10:00:00Z`, pgdedup.LockTable} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Migrate's error lacks %q: %v", want, err)
+		}
+	}
+	if strings.Count(err.Error(), "pgdedup:") != 1 {
+		t.Errorf("one pgdedup: prefix, not %d: %v", strings.Count(err.Error(), "pgdedup:"), err)
+	}
+	holder, err := pgdedup.MigrationLockHolder(ctxT(t), sqlDB)
+	if err != nil || !strings.HasPrefix(holder, `"deploy-7-host-4242-beef", since 2026-03-01T10:00:00Z (lease until `) {
+		t.Errorf("MigrationLockHolder = %q, %v", holder, err)
+	}
+}
+
+// The runtime role may call Migrate at startup with nothing more than SELECT
+// on the version table: on an up-to-date schema it is a check that changes
+// nothing; with a migration pending it fails at once (the owner must apply
+// it) and changes nothing either. Without that SELECT it fails saying which
+// table.
+func TestMigrateAsTheRuntimeRole(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	owner := stdlib.OpenDBFromPool(db.Pool)
+	defer owner.Close()
+	p, err := pgdedup.NewMigrationProvider(owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources := p.ListSources()
+	if _, err := p.UpTo(ctx, sources[len(sources)-2].Version); err != nil { // the newest one pending
+		t.Fatal(err)
+	}
+	role, url := db.NewRole(t)
+	runtime, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.Close()
+	mustExec(t, db.Pool, `GRANT SELECT, INSERT, DELETE ON processed_messages TO `+role)
+
+	if err := pgdedup.Migrate(ctx, runtime); err == nil || !strings.Contains(err.Error(), "permission denied for table "+pgdedup.VersionTable) {
+		t.Errorf("Migrate as a role without SELECT on %s: %v", pgdedup.VersionTable, err)
+	}
+	mustExec(t, db.Pool, `GRANT SELECT ON `+pgdedup.VersionTable+` TO `+role)
+	version := func() int64 {
+		v, err := p.GetDBVersion(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := version()
+	// At once, not after 10 minutes of retrying what waiting cannot fix.
+	if err := pgdedup.Migrate(ctx, runtime); err == nil || !strings.Contains(err.Error(), "permission denied for table "+pgdedup.LockTable) {
+		t.Errorf("Migrate as the runtime role, a migration pending: %v", err)
+	}
+	if v := version(); v != before {
+		t.Errorf("the runtime role's Migrate moved the version from %d to %d", before, v)
+	}
+	if err := pgdedup.Migrate(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgdedup.Migrate(ctx, runtime); err != nil {
+		t.Errorf("Migrate as the runtime role on an up-to-date schema: %v", err)
 	}
 }

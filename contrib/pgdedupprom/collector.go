@@ -5,7 +5,7 @@
 // docs/observability.md in the repository for both, with alert rules).
 //
 //	store, _ := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
-//	prometheus.MustRegister(pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: time.Minute}))
+//	prometheus.MustRegister(pgdedupprom.NewCollector(store, pgdedupprom.Options{}))
 //
 // Metrics, each with the label table (the dedup table, as in Config.Table):
 //
@@ -38,16 +38,20 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// Options tune a [Collector]. The zero value reads the stats on every scrape,
-// with a 10 s timeout.
+// Options tune a [Collector]. The zero value reads the stats at most once a
+// minute ([DefaultMaxAge]), with a 10 s timeout.
 type Options struct {
 	// Timeout bounds one read of the stats. Defaults to 10s.
 	Timeout time.Duration
 
 	// MaxAge lets a scrape reuse a read younger than this instead of counting
-	// the table again: Stats reads every row, which takes seconds on tens of
-	// millions, so on a big table set it to a minute or more (the values then
-	// lag by up to MaxAge). Defaults to 0: every scrape reads.
+	// the table again: Stats reads every row (one sequential scan), which
+	// takes seconds on tens of millions, and every Prometheus server that
+	// scrapes the service (two, in a highly available pair) would start one.
+	// The values then lag by up to MaxAge, which the alerts this collector
+	// serves (expired rows piling up over many minutes, a table growing over
+	// hours) do not notice. Defaults to [DefaultMaxAge]; a negative MaxAge
+	// reads on every scrape.
 	MaxAge time.Duration
 
 	// Logger receives a warning for each failed read. Defaults to discarding.
@@ -55,6 +59,10 @@ type Options struct {
 }
 
 const defaultTimeout = 10 * time.Second
+
+// DefaultMaxAge is [Options.MaxAge] when left zero: one read of the table a
+// minute, however often and by however many servers it is scraped.
+const DefaultMaxAge = time.Minute
 
 // Collector is a [prometheus.Collector] of a Store's table stats. It is safe
 // for concurrent use: scrapes read one at a time, and with Options.MaxAge a
@@ -77,6 +85,9 @@ type Collector struct {
 func NewCollector(store *pgdedup.Store, opts Options) *Collector {
 	if opts.Timeout <= 0 {
 		opts.Timeout = defaultTimeout
+	}
+	if opts.MaxAge == 0 {
+		opts.MaxAge = DefaultMaxAge
 	}
 	table := prometheus.Labels{"table": strings.ReplaceAll(store.Table(), `"`, "")} // Config.Table names are plain identifiers: no quotes inside
 	desc := func(name, help string, labels ...string) *prometheus.Desc {

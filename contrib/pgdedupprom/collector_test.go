@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -32,7 +34,7 @@ func TestCollectorExportsTheTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{})
+	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: -1}) // every scrape reads
 	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %+v", err, problems)
 	}
@@ -113,7 +115,7 @@ func TestCollectorExportsIndexesAndVacuum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{})
+	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: -1}) // every scrape reads
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, expires_at)
 SELECT 'billing', 'm' || g, now() - interval '1 minute' FROM generate_series(1, 100) g`); err != nil {
 		t.Fatal(err)
@@ -186,7 +188,8 @@ pgdedup_stats_up{table="ops.nowhere"} 0
 	}
 }
 
-// With MaxAge, scrapes within it reuse the last read.
+// With MaxAge, scrapes within it reuse the last read; a negative MaxAge
+// reads on every scrape.
 func TestCollectorMaxAgeReusesARead(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -194,20 +197,69 @@ func TestCollectorMaxAgeReusesARead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if pgdedupprom.DefaultMaxAge < 30*time.Second {
+		t.Fatalf("DefaultMaxAge %v: less than the usual scrape intervals", pgdedupprom.DefaultMaxAge)
+	}
 	cached := pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: time.Hour})
-	fresh := pgdedupprom.NewCollector(store, pgdedupprom.Options{})
+	fresh := pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: -1})
 	_ = gather(t, cached)
 	noop := func(context.Context, pgx.Tx) error { return nil }
 	if _, err := store.Process(context.Background(), "a", noop); err != nil {
 		t.Fatal(err)
 	}
 	if got := gather(t, cached)["pgdedup_rows"]; got != 0 {
-		t.Errorf("cached collector: %v rows, want the first read's 0", got)
+		t.Errorf("collector with MaxAge 1h: %v rows, want the first read's 0", got)
 	}
 	if got := gather(t, fresh)["pgdedup_rows"]; got != 1 {
-		t.Errorf("collector without MaxAge: %v rows, want 1", got)
+		t.Errorf("collector with MaxAge -1: %v rows, want 1", got)
 	}
 }
+
+// The default reuses a read: one scan of the table per DefaultMaxAge however
+// many scrapes, counted on the wire.
+func TestCollectorDefaultMaxAgeReadsOnce(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := &statsReads{}
+	cfg.ConnConfig.Tracer = reads
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{})
+	start := time.Now()
+	const scrapes = 6
+	for range scrapes {
+		_ = gather(t, c)
+	}
+	// One read per DefaultMaxAge begun: 1 unless this machine took a minute
+	// for the scrapes, so the bound holds however slow it is.
+	if got, most := reads.n.Load(), int64(time.Since(start)/pgdedupprom.DefaultMaxAge)+1; got < 1 || got > most {
+		t.Errorf("%d scrapes read the table %d times, want at most %d", scrapes, got, most)
+	}
+}
+
+// statsReads counts the queries that read the table's consumers: one per
+// Store.Stats.
+type statsReads struct{ n atomic.Int64 }
+
+func (r *statsReads) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "GROUP BY consumer") {
+		r.n.Add(1)
+	}
+	return ctx
+}
+
+func (r *statsReads) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // gather registers c alone and sums each metric's series.
 func gather(t *testing.T, c prometheus.Collector) map[string]float64 {

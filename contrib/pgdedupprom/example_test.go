@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +24,8 @@ func ExampleNewCollector() {
 		log.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: time.Minute}))
+	// The table is read at the first scrape, then at most once a minute.
+	reg.MustRegister(pgdedupprom.NewCollector(store, pgdedupprom.Options{}))
 
 	for _, id := range []string{"order-1", "order-2", "order-1"} {
 		if _, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error { return nil }); err != nil {

@@ -52,7 +52,7 @@ func Dedup(table, column string, shards int) ([]string, error) {
 		// The primary key must contain the distribution column: (key) becomes
 		// (message_id, key). A table still keyed by (consumer, message_id)
 		// contains it already.
-		stmts = append(stmts, "SET LOCAL citus.enable_unsafe_triggers = on;", fmt.Sprintf(`DO $$
+		body := fmt.Sprintf(`
 DECLARE pk name;
 BEGIN
     SELECT conname INTO pk FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'
@@ -61,7 +61,8 @@ BEGIN
         EXECUTE format('ALTER TABLE %%s DROP CONSTRAINT %%I, ADD PRIMARY KEY (message_id, key)', %s, pk);
     END IF;
 END
-$$;`, lit, lit))
+`, lit, lit)
+		stmts = append(stmts, "SET LOCAL citus.enable_unsafe_triggers = on;", "DO "+dollarQuote(body)+";")
 	}
 	opts := ""
 	if shards > 0 {
@@ -80,5 +81,16 @@ func Colocate(dedup string, c Colocated) string {
 // QuoteName quotes "schema.table" or "table", each part a plain identifier
 // the caller has checked.
 func QuoteName(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
+
+// dollarQuote quotes body as a dollar-quoted string whose tag body does not
+// contain: a table name may contain $ ("x$$"), which would end a plain $$
+// quote early.
+func dollarQuote(body string) string {
+	tag := "$pgdedup$"
+	for i := 1; strings.Contains(body, tag); i++ {
+		tag = fmt.Sprintf("$pgdedup%d$", i)
+	}
+	return tag + body + tag
+}
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

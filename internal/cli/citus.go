@@ -38,7 +38,7 @@ column does nothing. See docs/citus.md.
 Flags:
 {{flags}}
 Examples:
-  pgdedup citus distribute --database-url 'postgres://app@coordinator:5432/app'
+  DATABASE_URL='postgres://app@coordinator:5432/app?sslmode=verify-full' pgdedup citus distribute
   pgdedup citus distribute --colocate charges:message_id --colocate ledger:message_id
   pgdedup citus distribute --sql > 00010_distribute.sql   # for your own migration tool
 `

@@ -24,7 +24,7 @@ while consumers are processing. For cron, or a Kubernetes CronJob.
 Flags:
 {{flags}}
 Examples:
-  pgdedup cleanup --database-url 'postgres://app@db:5432/app?sslmode=require'
+  DATABASE_URL='postgres://app@db:5432/app?sslmode=verify-full' pgdedup cleanup
   DATABASE_URL=postgres://app@db/app pgdedup cleanup --dry-run
   # crontab: every 15 minutes
   */15 * * * * DATABASE_URL=postgres://app@db/app pgdedup cleanup --timeout 10m

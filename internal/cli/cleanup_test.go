@@ -53,7 +53,7 @@ func TestCleanupCommandBadInput(t *testing.T) {
 	}{
 		{[]string{"--batch", "0"}, "--batch must be a positive number of rows, got 0"},
 		{[]string{"--batch", "-5"}, "--batch must be a positive number of rows, got -5"},
-		{[]string{"--batch", "many"}, `invalid value "many" for flag -batch`},
+		{[]string{"--batch", "many"}, `pgdedup cleanup: --batch "many": not a whole number`},
 		{[]string{"--table", "my-table"}, `--table "my-table": "my-table" is not a plain identifier`},
 		{[]string{"--table", "a.b.c"}, `--table "a.b.c" is not table or schema.table`},
 		{[]string{"--timeout", "-1s"}, "--timeout must not be negative"},
@@ -62,6 +62,37 @@ func TestCleanupCommandBadInput(t *testing.T) {
 		r := run(t, append([]string{"cleanup", "--database-url", nowhere}, tc.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("cleanup %q: want exit 2 and %q, got %s", tc.args, tc.want, r)
+		}
+	}
+}
+
+// A bad flag is reported with the command's prefix, the flag as written
+// (--name), and why: a duration's missing unit above all.
+func TestFlagErrors(t *testing.T) {
+	t.Parallel()
+	nowhere := "postgres://app@127.0.0.1:1/app"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cleanup", "--timeout", "5"}, "pgdedup cleanup: --timeout 5: missing unit; write 5s, 5m or 5h\n"},
+		{[]string{"cleanup", "--timeout", "1.5"}, "pgdedup cleanup: --timeout 1.5: missing unit; write 1.5s, 1.5m or 1.5h\n"},
+		{[]string{"cleanup", "--timeout", "5min"}, `pgdedup cleanup: --timeout "5min": unknown unit; write a number and a unit, such as 30s, 5m or 1h30m` + "\n"},
+		{[]string{"cleanup", "--timeout", "soon"}, `pgdedup cleanup: --timeout "soon": not a duration; write`},
+		{[]string{"cleanup", "--batch", "1e99"}, `pgdedup cleanup: --batch "1e99": not a whole number`},
+		{[]string{"cleanup", "--batch", "99999999999999999999"}, "pgdedup cleanup: --batch 99999999999999999999: out of range"},
+		{[]string{"cleanup", "--dry-run=maybe"}, `pgdedup cleanup: --dry-run="maybe": want true or false`},
+		{[]string{"cleanup", "--bacth", "5"}, "pgdedup cleanup: unknown flag --bacth\n"},
+		{[]string{"cleanup", "--batch"}, "pgdedup cleanup: --batch needs a value\n"},
+		{[]string{"stats", "-json=2"}, `pgdedup stats: --json="2": want true or false`},
+		{[]string{"migrate", "sql", "--after", "x"}, `pgdedup migrate: --after "x": not a whole number`},
+		{[]string{"demo", "--orders", "x"}, `pgdedup demo: --orders "x": not a whole number`},
+		{[]string{"demo", "--crash-rate", "lots"}, `pgdedup demo: --crash-rate "lots": not a number`},
+	} {
+		r := run(t, append([]string{tc.args[0], "--database-url", nowhere}, tc.args[1:]...)...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "pgdedup ") || !strings.Contains(r.stderr, tc.want) ||
+			regexp.MustCompile(`flag -[a-z]`).MatchString(r.stderr) || strings.Count(r.stderr, "pgdedup ") != 2 {
+			t.Errorf("%q: want exit 2 and %q, got %s", tc.args, tc.want, r)
 		}
 	}
 }

@@ -24,9 +24,12 @@ Commands:
                                distribute the table over a Citus cluster
   demo                         see exactly-once against broken recipes
 
-The database comes from --database-url or DATABASE_URL (a password in it is
-never printed); the demo, given neither, uses a server on localhost:5432 or
-else starts a throwaway one from the local PostgreSQL binaries.
+The database comes from DATABASE_URL, or --database-url (a password in it is
+never printed). Prefer the variable: a command line is visible to every user
+of the machine (ps). Over a network, use sslmode=verify-full, which checks the
+server's certificate and name (require only encrypts). The demo, given
+neither, uses a server on localhost:5432 or else starts a throwaway one from
+the local PostgreSQL binaries.
 
 cleanup and stats take --table (default ` + pgdedup.DefaultTable + `, optionally
 schema.table) and cover every consumer in the table.

@@ -47,9 +47,10 @@ func newCommand(name, help string, stdout, stderr io.Writer) *command {
 // (see flagHelp): a word in backquotes names its value.
 func (c *command) flags(withTable bool) *flag.FlagSet {
 	fs := flag.NewFlagSet("pgdedup "+c.name, flag.ContinueOnError)
-	fs.SetOutput(c.stderr)
+	fs.SetOutput(io.Discard) // parse reports errors, in the CLI's words
 	fs.Usage = func() {}
-	fs.StringVar(&c.databaseURL, "database-url", "", "the database's `URL` (default: $DATABASE_URL)")
+	fs.StringVar(&c.databaseURL, "database-url", "", "the database's `URL` (default: $DATABASE_URL, which is better: "+
+		"a command line is visible to every user of the machine in ps)")
 	if withTable {
 		fs.StringVar(&c.table, "table", pgdedup.DefaultTable, "the dedup table's `NAME`, optionally schema.table")
 	}
@@ -109,8 +110,7 @@ func (c *command) parse(fs *flag.FlagSet, args []string) (positional []string, c
 				fmt.Fprint(c.stdout, strings.Replace(c.help, flagsMarker, flagHelp(fs), 1))
 				return nil, exitOK, false
 			}
-			fmt.Fprintf(c.stderr, "Run 'pgdedup %s --help' for usage.\n", c.name)
-			return nil, exitUsage, false
+			return nil, c.usageError("%s", flagError(fs, err)), false
 		}
 		if fs.NArg() == 0 {
 			return positional, 0, true

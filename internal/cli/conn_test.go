@@ -141,8 +141,9 @@ func TestHelp(t *testing.T) {
 	for _, cmd := range []string{"migrate", "cleanup", "stats"} {
 		for _, flag := range []string{"--help", "-h"} {
 			r := run(t, cmd, flag)
+			_, examples, _ := strings.Cut(r.stdout, "\nExamples:\n  ")
 			if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "Usage: pgdedup "+cmd) ||
-				!strings.Contains(r.stdout, "Examples:\n  pgdedup "+cmd) || !strings.Contains(r.stdout, "--database-url") {
+				!strings.Contains(examples, "pgdedup "+cmd+" ") || !strings.Contains(r.stdout, "--database-url") {
 				t.Errorf("%s %s: %s", cmd, flag, r)
 			}
 		}
@@ -153,5 +154,23 @@ func TestHelp(t *testing.T) {
 	}
 	if r := run(t, "--help"); r.code != 0 || !strings.Contains(r.stdout, "--table") {
 		t.Errorf("pgdedup --help: %s", r)
+	}
+}
+
+// The usage recommends DATABASE_URL over --database-url, which shows in ps,
+// and sslmode=verify-full in its examples.
+func TestUsageRecommendsTheVariable(t *testing.T) {
+	t.Parallel()
+	r := run(t, "--help")
+	if r.code != 0 || !strings.Contains(r.stdout, "Prefer the variable: a command line is visible to every user") ||
+		!strings.Contains(r.stdout, "sslmode=verify-full") {
+		t.Errorf("pgdedup --help: %s", r)
+	}
+	for _, cmd := range []string{"migrate", "cleanup", "stats", "citus"} {
+		r := run(t, cmd, "--help")
+		if r.code != 0 || !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), "visible to every user of the machine in ps") ||
+			strings.Contains(r.stdout, "sslmode=require") || strings.Contains(r.stdout, "--database-url '") {
+			t.Errorf("pgdedup %s --help: %s", cmd, r)
+		}
 	}
 }

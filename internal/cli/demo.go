@@ -82,7 +82,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, demoUsage, flagHelp(fs), demoExamples)
 			return 0
 		}
-		fmt.Fprintf(stderr, "pgdedup demo: %v\nRun \"pgdedup demo --help\" for the flags.\n", err)
+		fmt.Fprintf(stderr, "pgdedup demo: %s\nRun \"pgdedup demo --help\" for the flags.\n", flagError(fs, err))
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -93,13 +93,19 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pgdedup demo: %v\n", err)
 		return 2
 	}
+	// Errors go through the redactor, as every command's do: the URL's
+	// password (a throwaway cluster's too) is never printed, nor the
+	// library's own "pgdedup: " after the command's.
+	c := newCommand("demo", demoUsage, stdout, stderr)
+	c.addURL(opts.DatabaseURL)
 	if opts.DatabaseURL == "" {
+		c.addURL(os.Getenv("DATABASE_URL"))
 		url, release, err := demoServer(ctx, stderr)
 		if err != nil {
-			fmt.Fprintf(stderr, "pgdedup demo: %v\n", err)
-			return 1
+			return c.fail(err)
 		}
 		defer release()
+		c.addURL(url)
 		opts.DatabaseURL = url
 	}
 	if demoIsTerminal(stderr) {
@@ -111,8 +117,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		res.WriteTable(stdout)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "pgdedup demo: %v\n", err)
-		return 1
+		return c.fail(err)
 	}
 	return 0
 }

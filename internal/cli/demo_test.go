@@ -116,3 +116,18 @@ func TestDemoSaysWhatToDoWithoutAServer(t *testing.T) {
 		}
 	}
 }
+
+// The demo's errors pass through the redactor like every command's: one
+// "pgdedup demo:" prefix and never the URL's password.
+func TestDemoErrorsAreRedacted(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr strings.Builder
+	url := "postgres://app:Demo-Secr3t@127.0.0.1:1/app?connect_timeout=2"
+	if code := Main(context.Background(), []string{"demo", "--orders", "10", "--database-url", url}, &stdout, &stderr); code != 1 {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	if strings.Contains(stderr.String(), "Demo-Secr3t") || !strings.HasPrefix(stderr.String(), "pgdedup demo: ") ||
+		strings.Count(stderr.String(), "pgdedup") != 1 {
+		t.Errorf("stderr:\n%s", stderr.String())
+	}
+}

@@ -1,13 +1,18 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/pgdedup/pgdedup"
 )
@@ -21,29 +26,56 @@ consumer: the rows held, the oldest processed_at, the rows already expired
 index and its size. It reads the whole table: on tens of millions of rows,
 expect it to take seconds.
 
+It shows the --max-consumers consumers with the most rows, and says how many
+others there are and what they hold. Consumer names are written by whoever
+can insert into the table: a name that is not plain printable text is shown
+quoted, with escapes (\x1b, \n, \u202e…), and a long one is cut short. The
+JSON output carries the names as they are, escaped by JSON.
+
 Flags:
 {{flags}}
 Examples:
-  pgdedup stats --database-url 'postgres://app@db:5432/app?sslmode=require'
+  DATABASE_URL='postgres://app@db:5432/app?sslmode=verify-full' pgdedup stats
   DATABASE_URL=postgres://app@db/app pgdedup stats --json | jq '.consumers[] | {consumer, expired_rows}'
 `
+
+// defaultMaxConsumers is how many consumers stats shows unless told otherwise:
+// a screenful, and a bound on the output however many consumers some role
+// with INSERT on the table has written.
+const defaultMaxConsumers = 100
+
+// maxShownName is how many bytes of a consumer name the table shows.
+const maxShownName = 100
 
 // stats is what stats prints; its JSON form is the --json output.
 type stats struct {
 	Table string `json:"table"`
 	pgdedup.Stats
+	// LeftOut sums up the consumers beyond --max-consumers, which Consumers
+	// leaves out.
+	LeftOut leftOut `json:"consumers_left_out"`
+}
+
+// leftOut is what the consumers stats does not show hold.
+type leftOut struct {
+	Consumers   int   `json:"consumers"`
+	Rows        int64 `json:"rows"`
+	ExpiredRows int64 `json:"expired_rows"`
 }
 
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("stats", statsHelp, stdout, stderr)
 	fs := c.flags(true)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table (times in RFC 3339, sizes in bytes)")
+	maxConsumers := fs.Int("max-consumers", defaultMaxConsumers, "show at most `N` consumers, those with the most rows")
 	rest, code, ok := c.parse(fs, args)
 	switch {
 	case !ok:
 		return code
 	case len(rest) > 0:
 		return c.usageError("unexpected argument %q", rest[0])
+	case *maxConsumers <= 0:
+		return c.usageError("--max-consumers must be a positive number, got %d", *maxConsumers)
 	}
 	store, conn, code := c.openStore(ctx, 0, nil)
 	if store == nil {
@@ -55,6 +87,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return c.fail(err)
 	}
 	st := stats{Table: c.table, Stats: ps}
+	st.Consumers, st.LeftOut = largest(ps.Consumers, *maxConsumers)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -65,6 +98,56 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	printStats(stdout, st)
 	return exitOK
+}
+
+// largest returns the n consumers with the most rows (ties by name), in
+// their order in all, and what the others hold.
+func largest(all []pgdedup.ConsumerStats, n int) ([]pgdedup.ConsumerStats, leftOut) {
+	if len(all) <= n {
+		return all, leftOut{}
+	}
+	order := make([]int, len(all))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(all[b].Rows, all[a].Rows) })
+	keep := order[:n]
+	slices.Sort(keep)
+	shown := make([]pgdedup.ConsumerStats, 0, n)
+	for _, i := range keep {
+		shown = append(shown, all[i])
+	}
+	out := leftOut{Consumers: len(all) - n}
+	for _, i := range order[n:] {
+		out.Rows += all[i].Rows
+		out.ExpiredRows += all[i].ExpiredRows
+	}
+	return shown, out
+}
+
+// shown is s as the table shows text read from the database: as it is when
+// it is plain printable text, else quoted with Go's escapes, so that no
+// control character (a terminal escape, a newline, a tab that breaks the
+// columns) or invisible formatting character (a right-to-left override)
+// reaches the terminal; cut short when long.
+func shown(s string) string {
+	cut := ""
+	if len(s) > maxShownName {
+		cut = fmt.Sprintf("…(%d bytes)", len(s))
+		end := maxShownName
+		for end > 0 && !utf8.RuneStart(s[end]) {
+			end--
+		}
+		s = s[:end]
+	}
+	plain := s != "" && s == strings.TrimSpace(s) && !strings.HasPrefix(s, `"`) && utf8.ValidString(s)
+	for _, r := range s {
+		plain = plain && unicode.IsPrint(r)
+	}
+	if !plain {
+		s = strconv.Quote(s)
+	}
+	return s + cut
 }
 
 func printStats(w io.Writer, st stats) {
@@ -85,17 +168,21 @@ func printStats(w io.Writer, st stats) {
 			if cs.NextExpiry != nil {
 				next = fmt.Sprintf("%s (in %s)", cs.NextExpiry.Format(time.RFC3339), roughly(cs.NextExpiry.Sub(st.Now)))
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s (%s ago)\t%s\n", cs.Consumer, cs.Rows, cs.ExpiredRows,
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s (%s ago)\t%s\n", shown(cs.Consumer), cs.Rows, cs.ExpiredRows,
 				cs.OldestProcessedAt.Format(time.RFC3339), roughly(st.Now.Sub(cs.OldestProcessedAt)), next)
 		}
 		tw.Flush()
+	}
+	if n := st.LeftOut.Consumers; n > 0 {
+		fmt.Fprintf(w, "… and %d more consumers, with %d rows, %d expired (shown: the %d with the most rows; --max-consumers to change)\n",
+			n, st.LeftOut.Rows, st.LeftOut.ExpiredRows, len(st.Consumers))
 	}
 	if len(st.Indexes) > 0 {
 		fmt.Fprintln(w)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "INDEX\tMETHOD\tSIZE")
 		for _, ix := range st.Indexes {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", ix.Name, ix.Method, bytes(ix.Bytes))
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", shown(ix.Name), shown(ix.Method), bytes(ix.Bytes))
 		}
 		tw.Flush()
 	}

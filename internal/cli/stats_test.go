@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +118,97 @@ func TestStatsEmptyTable(t *testing.T) {
 	r := run(t, "stats", "--json", "--database-url", db.URL)
 	if r.code != 0 || !strings.Contains(r.stdout, `"consumers": []`) {
 		t.Errorf("stats --json: %s", r)
+	}
+}
+
+// Consumer names are written by any role with INSERT: stats shows them
+// without a control or formatting character reaching the terminal, and
+// without breaking its columns; --json keeps them exact, escaped by JSON.
+func TestStatsEscapesConsumerNames(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	hostile := map[string]string{ // name → how the table shows it
+		"\x1b[2J\x1b[31mbilling\x1b[0m":    `"\x1b[2J\x1b[31mbilling\x1b[0m"`,
+		"evil\nprocessed_messages: 0 rows": `"evil\nprocessed_messages: 0 rows"`,
+		"tab\there":                        `"tab\there"`,
+		"gnp\u202eusd":                     `"gnp\u202eusd"`,
+		" padded":                          `" padded"`,
+		`"quoted"`:                         `"\"quoted\""`,
+		"order service":                    "order service",
+		"zahlungsdienst-ü":                 "zahlungsdienst-ü",
+		strings.Repeat("x", 5000):          strings.Repeat("x", 100) + "…(5000 bytes)",
+		"\x07" + strings.Repeat("é", 60):   `"\a` + strings.Repeat("é", 49) + `"…(121 bytes)`, // cut on a character's start
+	}
+	for name := range hostile {
+		pgtest.Seed(t, db.Pool, name, "m", 1, time.Hour)
+	}
+	r := run(t, "stats", "--database-url", db.URL)
+	if r.code != 0 {
+		t.Fatal(r)
+	}
+	for _, b := range []byte(r.stdout) {
+		if b < 0x20 && b != '\n' || b == 0x7f {
+			t.Fatalf("stats printed control byte %#x:\n%q", b, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "\u202e") {
+		t.Errorf("stats printed a right-to-left override:\n%q", r.stdout)
+	}
+	for name, want := range hostile {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + ` +1 +0 +`).MatchString(r.stdout) {
+			t.Errorf("no row for %.40q… shown as %.60s…:\n%s", name, want, r.stdout)
+		}
+	}
+
+	r = run(t, "stats", "--json", "--database-url", db.URL)
+	var st statsJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 || strings.ContainsRune(r.stdout, 0x1b) {
+		t.Fatalf("stats --json: %v\n%s", err, r)
+	}
+	for _, cs := range st.Consumers {
+		if _, ok := hostile[cs.Consumer]; !ok {
+			t.Errorf("--json consumer %q is not one of the names written", cs.Consumer)
+		}
+	}
+	if len(st.Consumers) != len(hostile) {
+		t.Errorf("--json: %d consumers, want %d", len(st.Consumers), len(hostile))
+	}
+}
+
+// stats shows the --max-consumers consumers with the most rows, in name
+// order, and says how many more there are and what they hold.
+func TestStatsCapsConsumers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	for i, n := range []int{5, 1, 7, 2, 6, 1, 3} { // c0 … c6
+		pgtest.Seed(t, db.Pool, fmt.Sprintf("c%d", i), "m", n, -time.Minute) // expired
+	}
+	r := run(t, "stats", "--max-consumers", "3", "--database-url", db.URL)
+	if r.code != 0 || !regexp.MustCompile(`CONSUMER[^\n]*\nc0 +5 [^\n]*\nc2 +7 [^\n]*\nc4 +6 [^\n]*\n… and 4 more consumers, with 7 rows, 7 expired \(shown: the 3 with the most rows; --max-consumers to change\)\n`).MatchString(r.stdout) ||
+		!strings.Contains(r.stdout, "processed_messages: 25 rows, 25 expired") {
+		t.Errorf("stats --max-consumers 3: %s", r)
+	}
+	r = run(t, "stats", "--json", "--max-consumers", "3", "--database-url", db.URL)
+	var st struct {
+		Rows      int64 `json:"rows"`
+		Consumers []struct {
+			Consumer string `json:"consumer"`
+		} `json:"consumers"`
+		LeftOut struct {
+			Consumers   int   `json:"consumers"`
+			Rows        int64 `json:"rows"`
+			ExpiredRows int64 `json:"expired_rows"`
+		} `json:"consumers_left_out"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 || st.Rows != 25 || len(st.Consumers) != 3 ||
+		st.Consumers[0].Consumer != "c0" || st.Consumers[2].Consumer != "c4" || st.LeftOut.Consumers != 4 || st.LeftOut.Rows != 7 || st.LeftOut.ExpiredRows != 7 {
+		t.Errorf("stats --json --max-consumers 3: %+v, %v\n%s", st, err, r)
+	}
+	r = run(t, "stats", "--database-url", db.URL) // the default shows all 7
+	if r.code != 0 || strings.Contains(r.stdout, "more consumers") || !strings.Contains(r.stdout, "\nc6 ") {
+		t.Errorf("stats: %s", r)
+	}
+	if r := run(t, "stats", "--max-consumers", "0", "--database-url", db.URL); r.code != 2 || !strings.Contains(r.stderr, "--max-consumers must be a positive number") {
+		t.Errorf("--max-consumers 0: %s", r)
 	}
 }

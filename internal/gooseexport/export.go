@@ -22,6 +22,7 @@ package gooseexport
 import (
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -110,6 +111,14 @@ func NewPlan(src fs.FS, dir string, after int64, now time.Time) (*Plan, error) {
 			"goose would refuse the new files as missing; number after %[2]d or later", after, newest, strings.Join(byVersion[newest], ", "))
 	}
 	base := max(after, newest)
+	if n := int64(len(plan.Write)); base > math.MaxInt64-n {
+		from := "--after"
+		if base == newest && after != newest {
+			from = "the directory's newest version (" + strings.Join(byVersion[newest], ", ") + ")"
+		}
+		return nil, fmt.Errorf("cannot number %d migrations after version %d, %s: goose versions are 64-bit integers, "+
+			"at most %d; number after a smaller version", n, base, from, int64(math.MaxInt64))
+	}
 	next := sequential(base)
 	if isTimestamp(base) {
 		next = timestamps(base, after == 0, now)

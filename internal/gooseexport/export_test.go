@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -168,6 +169,8 @@ func TestPlanRefusals(t *testing.T) {
 		"verbatim copy with a taken version": {clash, 0, "goose refuses duplicate versions"},
 		"after below the newest":             {hostDir(t, "00005_users.sql"), 3, "below the directory's newest, 5 (00005_users.sql)"},
 		"negative after":                     {t.TempDir(), -1, "negative"},
+		"after too close to the largest":     {t.TempDir(), math.MaxInt64 - 1, "migrations after version 9223372036854775806, --after: goose versions are 64-bit integers, at most 9223372036854775807"},
+		"newest too close to the largest":    {hostDir(t, "9223372036854775805_users.sql"), 0, "migrations after version 9223372036854775805, the directory's newest version (9223372036854775805_users.sql)"},
 		"no directory":                       {filepath.Join(t.TempDir(), "nope"), 0, "no such file or directory"},
 	} {
 		if _, err := gooseexport.NewPlan(pgdedup.Migrations(), c.dir, c.after, now); err == nil || !strings.Contains(err.Error(), c.want) {

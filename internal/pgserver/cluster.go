@@ -2,6 +2,7 @@ package pgserver
 
 import (
 	"bytes"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -15,16 +16,25 @@ import (
 )
 
 // Cluster is a throwaway PostgreSQL cluster: initdb into a temporary
-// directory, its own free port on 127.0.0.1, trust auth, fsync off. Tests
-// restart and kill it without disturbing any other server. Run as root, every
-// pg command runs as the postgres user, who owns the directory (PostgreSQL
-// refuses to run as root).
+// directory, its own free port on 127.0.0.1, fsync off. Tests restart and
+// kill it without disturbing any other server. Run as root, every pg command
+// runs as the postgres user, who owns the directory (PostgreSQL refuses to
+// run as root).
+//
+// Every other user of the machine can reach 127.0.0.1, so the cluster does
+// not trust connections: each one, over TCP or the Unix socket, must give the
+// superuser's password (SCRAM), a random one made for this cluster and known
+// only to this process (through [Cluster.URL]). It never appears on a command
+// line: initdb reads it from a file that only the cluster's owner can read,
+// removed at once. The Unix socket lies in the data directory, which only its
+// owner can enter (0700).
 type Cluster struct {
 	Bin  string // directory holding initdb, pg_ctl and postgres
-	Dir  string // data directory
+	Dir  string // data directory, which holds the Unix socket too
 	Port int
 
-	runAs string // "postgres" when running as root, else ""
+	password string // the superuser's, random
+	runAs    string // "postgres" when running as root, else ""
 }
 
 // StartCluster creates and starts a cluster from the binaries [FindBinaries]
@@ -44,7 +54,7 @@ func StartCluster() (*Cluster, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	c := &Cluster{Bin: bin, Dir: dir, Port: port}
+	c := &Cluster{Bin: bin, Dir: dir, Port: port, password: rand.Text()}
 	if err := c.start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -53,22 +63,24 @@ func StartCluster() (*Cluster, error) {
 }
 
 func (c *Cluster) start() error {
+	uid, gid := -1, -1
 	if os.Geteuid() == 0 {
 		c.runAs = "postgres"
 		u, err := user.Lookup(c.runAs)
 		if err != nil {
 			return fmt.Errorf("pgserver: running as root, PostgreSQL needs the postgres user: %w", err)
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
 		if err := os.Chown(c.Dir, uid, gid); err != nil {
 			return err
 		}
 	}
-	if err := c.pg("initdb", "-D", c.Dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+	if err := c.initdb(uid, gid); err != nil {
 		return err
 	}
 	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\n"+
+		"unix_socket_permissions = 0700\npassword_encryption = 'scram-sha-256'\n"+
 		"max_connections = 100\nshared_buffers = 16MB\nfsync = off\nfull_page_writes = off\n", c.Port, c.Dir)
 	// Appending keeps the file's owner. fsync = off only risks data on an OS
 	// crash; pg_ctl restart, even -m immediate, is not one.
@@ -88,9 +100,33 @@ func (c *Cluster) start() error {
 	return c.pg("pg_ctl", "-D", c.Dir, "-l", filepath.Join(c.Dir, "server.log"), "-w", "-t", "60", "start")
 }
 
-// URL is the connection URL of the cluster's postgres database.
+// initdb creates the cluster with SCRAM authentication for every connection
+// and c.password for the superuser, passed in a file of the cluster owner's
+// (uid and gid, or -1 for this process's) that no one else can read.
+func (c *Cluster) initdb(uid, gid int) error {
+	pw, err := os.CreateTemp("", "pgdedup-cluster-pw-") // 0600
+	if err != nil {
+		return err
+	}
+	defer os.Remove(pw.Name())
+	_, err = pw.WriteString(c.password + "\n")
+	if cerr := pw.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && uid >= 0 {
+		err = os.Chown(pw.Name(), uid, gid)
+	}
+	if err != nil {
+		return err
+	}
+	return c.pg("initdb", "-D", c.Dir, "-U", "postgres", "--pwfile", pw.Name(), "-A", "scram-sha-256",
+		"-E", "UTF8", "--no-locale", "--no-sync")
+}
+
+// URL is the connection URL of the cluster's postgres database, as its
+// superuser, with the password.
 func (c *Cluster) URL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+	return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?sslmode=disable", c.password, c.Port)
 }
 
 // Restart runs pg_ctl restart with the given shutdown mode ("smart", "fast"
