@@ -49,7 +49,10 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
 	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
 	if err != nil {
-		return 0, s.cleanupError(ctx, err)
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return 0, ctxErr
+		}
+		return 0, err // it names the table
 	}
 	giveUp := time.Now().Add(s.cfg.CleanupTurnWait)
 	for {

@@ -133,7 +133,7 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 	case len(cfg.Consumer) > MaxConsumerLen:
 		return nil, nil, bad("Consumer", "is %d bytes, longer than %d", len(cfg.Consumer), MaxConsumerLen)
 	case validateText(cfg.Consumer) != nil:
-		return nil, nil, bad("Consumer", "is %s", validateText(cfg.Consumer))
+		return nil, nil, bad("Consumer", "is invalid: %s", validateText(cfg.Consumer))
 	case strings.TrimFunc(cfg.Consumer, unicode.IsSpace) == "":
 		return nil, nil, bad("Consumer", "is blank (%q)", cfg.Consumer)
 	case strings.IndexFunc(cfg.Consumer, unicode.IsControl) >= 0:

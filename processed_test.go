@@ -424,7 +424,8 @@ func TestProcessConcurrentDuplicatesRepeatableRead(t *testing.T) {
 func TestHundredThousandIDBatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{MaxBatch: 200_000})
-	ctx := ctxT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute) // 210,000 IDs on a busy machine
+	defer cancel()
 	chargeAll := func(ctx context.Context, tx pgx.Tx, fresh []string) error {
 		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) SELECT unnest($1::text[])`, fresh)
 		return err

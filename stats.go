@@ -83,7 +83,7 @@ FROM to_regclass($1::text) r`, s.messages.table).Scan(&st.Now, &exists, &st.Tabl
 	}
 	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
 	if err != nil {
-		return Stats{}, fmt.Errorf("pgdedup: stats of %s: %w", s.messages.table, err)
+		return Stats{}, err // it names the table
 	}
 	if err := ls.messages.sizes(ctx, s, &st); err != nil {
 		return Stats{}, err
