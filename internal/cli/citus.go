@@ -95,7 +95,7 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitOK
 	}
 
-	store, conn, code := c.openStore(ctx, 0, nil)
+	store, conn, code := c.openStore(ctx, pgdedup.Config{})
 	if store == nil {
 		return code
 	}

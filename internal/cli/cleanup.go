@@ -10,7 +10,7 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [flags]
+const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [--turn-wait D] [flags]
 
 Deletes the message IDs whose retention has passed (expires_at before now),
 of every consumer in the table, in transactions of at most N rows each, and
@@ -18,8 +18,11 @@ prints how many rows it deleted and how long it took. Rows that have not
 expired are never touched. Exits non-zero on failure; the batches committed
 before a failure stay deleted, so the next run picks up where it stopped.
 
-Safe to run from several places at once (cleaners skip each other's rows) and
-while consumers are processing. For cron, or a Kubernetes CronJob.
+Safe to run from several places at once (cleaners take turns) and while
+consumers are processing. For cron, or a Kubernetes CronJob. When another
+session holds the cleaners' turn, it waits for it up to --turn-wait, then
+exits non-zero naming the session that holds it: expired rows pile up until
+that session lets go.
 
 Flags:
 {{flags}}
@@ -37,6 +40,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	dryRun := fs.Bool("dry-run", false, "only count the expired rows; delete nothing")
 	timeout := fs.Duration("timeout", 0, "give up after `D`, e.g. 10m; committed batches stay deleted (default: no limit)")
 	verbose := fs.Bool("verbose", false, "log each batch (rows and time) to stderr")
+	turnWait := fs.Duration("turn-wait", 30*time.Second, "wait up to `D` for another cleaner's turn to end, then fail")
 	rest, code, ok := c.parse(fs, args)
 	switch {
 	case !ok:
@@ -47,6 +51,8 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return c.usageError("--batch must be a positive number of rows, got %d", *batch)
 	case *timeout < 0:
 		return c.usageError("--timeout must not be negative, got %s", *timeout)
+	case *turnWait < 0:
+		return c.usageError("--turn-wait must not be negative, got %s", *turnWait)
 	}
 	var logger *slog.Logger
 	if *verbose {
@@ -57,7 +63,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	store, conn, code := c.openStore(ctx, *batch, logger)
+	store, conn, code := c.openStore(ctx, pgdedup.Config{CleanupBatchSize: *batch, CleanupTurnWait: max(*turnWait, time.Nanosecond), Logger: logger}) // 0: one try, and fail without the turn
 	if store == nil {
 		return code
 	}

@@ -1,11 +1,14 @@
 package cli_test
 
 import (
+	"context"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -57,6 +60,7 @@ func TestCleanupCommandBadInput(t *testing.T) {
 		{[]string{"--table", "my-table"}, `--table "my-table": "my-table" is not a plain identifier`},
 		{[]string{"--table", "a.b.c"}, `--table "a.b.c" is not table or schema.table`},
 		{[]string{"--timeout", "-1s"}, "--timeout must not be negative"},
+		{[]string{"--turn-wait", "-1s"}, "--turn-wait must not be negative"},
 		{[]string{"now"}, `unexpected argument "now"`},
 	} {
 		r := run(t, append([]string{"cleanup", "--database-url", nowhere}, tc.args...)...)
@@ -123,5 +127,39 @@ func TestCleanupHelpListsTheFlags(t *testing.T) {
 		if r.code != 0 || !strings.Contains(r.stdout, want) {
 			t.Errorf("cleanup --help lacks %q: %s", want, r)
 		}
+	}
+}
+
+// A session that holds the cleaners' advisory lock does not make cleanup print
+// "deleted 0" and exit 0: it waits --turn-wait, then exits 1 naming the
+// session; with --turn-wait 0 it tries once and fails the same way.
+func TestCleanupCommandStarved(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	pgtest.Seed(t, db.Pool, "billing", "old-", 10, -time.Hour)
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	var pid int32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid(), pg_advisory_lock(1885824100, 'processed_messages'::regclass::oid::int4)`).Scan(&pid, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, wait := range []string{"200ms", "0"} {
+		r := run(t, "cleanup", "--turn-wait", wait, "--database-url", db.URL)
+		if r.code != 1 || !strings.Contains(r.stderr, "never got its turn") || !strings.Contains(r.stderr, fmt.Sprintf("pid %d", pid)) {
+			t.Errorf("cleanup --turn-wait %s with the turn held: %s, want exit 1 naming pid %d", wait, r, pid)
+		}
+	}
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 10 {
+		t.Fatalf("%d rows, want the 10 expired ones still there", n)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, "cleanup", "--database-url", db.URL); r.code != 0 || !strings.HasPrefix(r.stdout, "deleted 10 expired rows") {
+		t.Errorf("cleanup once the holder let go: %s", r)
 	}
 }

@@ -1,13 +1,13 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -209,8 +209,9 @@ func describe(cfg *pgx.ConnConfig) string {
 // exists. The CLI only cleans up and reads, for every consumer, so the
 // consumer name is a placeholder. On failure it has reported why and returns
 // a nil Store and the exit code; otherwise the caller closes conn.
-func (c *command) openStore(ctx context.Context, batch int, logger *slog.Logger) (*pgdedup.Store, *pgx.Conn, int) {
-	cfg := pgdedup.Config{Consumer: "pgdedup-cli", Table: c.table, CleanupBatchSize: batch, Logger: logger}
+func (c *command) openStore(ctx context.Context, cfg pgdedup.Config) (*pgdedup.Store, *pgx.Conn, int) {
+	cfg.Consumer = cmp.Or(cfg.Consumer, "pgdedup-cli")
+	cfg.Table = c.table
 	if err := cfg.Validate(); err != nil {
 		var ce *pgdedup.ConfigError
 		if errors.As(err, &ce) && ce.Field == "Table" {

@@ -77,7 +77,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case *maxConsumers <= 0:
 		return c.usageError("--max-consumers must be a positive number, got %d", *maxConsumers)
 	}
-	store, conn, code := c.openStore(ctx, 0, nil)
+	store, conn, code := c.openStore(ctx, pgdedup.Config{})
 	if store == nil {
 		return code
 	}
