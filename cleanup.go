@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,11 +34,14 @@ import (
 // in transaction pooling mode, and needs only SELECT and DELETE on the table.
 //
 // Cleaners take turns through an advisory lock that any role able to connect
-// could also take. So a cleanup that never gets the turn is not silent: with
-// [Config.CleanupTurnWait] it waits that long for the turn and then returns
-// [ErrCleanupStarved], naming the session that holds it; without, it returns
-// nil at once (another cleaner is at work) but the third such run in a row
-// returns ErrCleanupStarved.
+// could also take and hold. So a Cleanup that never gets the turn tells a
+// cleaner at work from a session that just holds the turn: nobody is cleaning
+// when the same sessions keep the turn while the oldest expired row stays.
+// With [Config.CleanupTurnWait] it tries for that long and returns
+// [ErrCleanupStarved], naming the sessions, if nobody cleaned meanwhile (and
+// nil if another cleaner did); without, it returns nil at once, and the third
+// run in a row (each at least a second after the one before) that saw
+// nobody cleaning returns ErrCleanupStarved.
 //
 // Each run is logged ([Config.Logger]: info with the rows deleted and the
 // duration, debug for each batch, a warning when it fails or is starved) and
@@ -55,16 +57,21 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 		return 0, err // it names the table
 	}
 	giveUp := time.Now().Add(s.cfg.CleanupTurnWait)
+	var first *turnSighting // the turn as seen by this run's first try
 	for {
 		deleted, skipped, err := ls.messages.cleanup(ctx, s)
 		if err != nil || !skipped {
 			if err == nil {
-				s.cleanupSkips.Store(0)
+				s.turn.reset()
 			}
 			return deleted, err
 		}
+		seen := s.sightTurn(ctx)
+		if first == nil {
+			first = &seen
+		}
 		if !time.Now().Before(giveUp) {
-			break
+			return 0, s.turn.skipped(first, seen, s.cfg.CleanupTurnWait > 0)
 		}
 		t := time.NewTimer(min(time.Until(giveUp), jitter(100*time.Millisecond)))
 		select {
@@ -74,51 +81,6 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 		case <-t.C:
 		}
 	}
-	skips := s.cleanupSkips.Add(1)
-	if s.cfg.CleanupTurnWait == 0 && skips < cleanupSkipsStarved {
-		s.log.InfoContext(ctx, "pgdedup: cleanup left to the cleaner at work", "table", s.messages.table, "runs_without_turn", skips)
-		return 0, nil
-	}
-	return 0, fmt.Errorf("%w: %s, %d runs in a row: %s", ErrCleanupStarved, s.messages.table, skips, s.cleanupTurnHolder(ctx))
-}
-
-// cleanupSkipsStarved is how many runs in a row may find the turn taken
-// before Cleanup (without Config.CleanupTurnWait) says it is starved.
-const cleanupSkipsStarved = 3
-
-// cleanupTurnHolder describes the sessions holding the cleaners' advisory
-// lock on the table, from pg_locks and pg_stat_activity (whose details of
-// other roles' sessions need pg_read_all_stats; the pid and role are always
-// there).
-func (s *Store) cleanupTurnHolder(ctx context.Context) string {
-	rows, err := s.db.Query(ctx, `SELECT l.pid, coalesce(a.usename::text, '?'), coalesce(a.state, '?'), a.xact_start
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.classid = `+cleanupLockClass+`::oid
-AND l.objid = '`+s.messages.table+`'::regclass::oid AND l.objsubid = 2`)
-	if err != nil {
-		return "the holder of the cleaners' lock could not be read: " + err.Error()
-	}
-	var holders []string
-	var pid int32
-	var role, state string
-	var since *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&pid, &role, &state, &since}, func() error {
-		h := fmt.Sprintf("pid %d (role %s, %s", pid, role, state)
-		if since != nil {
-			h += ", transaction since " + since.UTC().Format(time.RFC3339)
-		}
-		holders = append(holders, h+")")
-		return nil
-	})
-	switch {
-	case err != nil:
-		return "the holder of the cleaners' lock could not be read: " + err.Error()
-	case len(holders) == 0:
-		return "the cleaners' lock was held by another session, which has let it go since"
-	}
-	return fmt.Sprintf("the cleaners' advisory lock (%s, the table's OID) is held by %s; "+
-		"if that is not a cleaner, end it (pg_terminate_backend) and REVOKE CONNECT from roles that need none",
-		cleanupLockClass, strings.Join(holders, ", "))
 }
 
 // cleanupPlain is Cleanup on one PostgreSQL server: batches of rows picked in

@@ -928,9 +928,9 @@ func expiries(t *testing.T, pool *pgxpool.Pool, sql string) map[string]time.Time
 // Any role that can connect can take the cleaners' advisory lock and hold it.
 // Cleanup does not then report "deleted 0" forever: with CleanupTurnWait it
 // waits that long and returns ErrCleanupStarved naming the holder; without,
-// the third run in a row that never had the turn does. Each is an
-// EventCleanup with the error. Once the holder lets go, the next run deletes
-// the expired rows.
+// the third run in a row (a second apart) that never had the turn, with the
+// same holder and no expired row deleted, does. Each is an EventCleanup with
+// the error. Once the holder lets go, the next run deletes the expired rows.
 func TestCleanupStarvedByAHeldTurn(t *testing.T) {
 	t.Parallel()
 	var log eventLog
@@ -951,6 +951,9 @@ func TestCleanupStarvedByAHeldTurn(t *testing.T) {
 		t.Fatalf("Cleanup with a wait: err=%v, want ErrCleanupStarved naming pid %d", err, pid)
 	}
 	for run := 1; run <= 3; run++ {
+		if run > 1 {
+			time.Sleep(1100 * time.Millisecond) // runs closer together may fall within one cleaner's batch
+		}
 		n, err := b.store.Cleanup(ctx)
 		if starved := errors.Is(err, pgdedup.ErrCleanupStarved); n != 0 || starved != (run == 3) || (run < 3 && err != nil) {
 			t.Fatalf("run %d without a wait: deleted=%d err=%v, want ErrCleanupStarved on the third run only", run, n, err)
@@ -974,4 +977,30 @@ func TestCleanupStarvedByAHeldTurn(t *testing.T) {
 	if n, err := b.store.Cleanup(ctx); err != nil || n != 0 {
 		t.Fatalf("the run after: deleted=%d err=%v, want 0, nil (the count of runs without the turn starts again)", n, err)
 	}
+}
+
+// Cleaners at work are not starvation: a Cleanup that waits for the turn
+// (CleanupTurnWait) while others delete a backlog batch after batch never
+// returns ErrCleanupStarved, and together they delete every expired row.
+func TestCleanupTurnWaitBesideWorkingCleaners(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{CleanupBatchSize: 100})
+	ctx := ctxT(t)
+	pgtest.Seed(t, b.pool, "billing", "old-", 20_000, -time.Hour)
+	waiting, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cron", CleanupBatchSize: 100, CleanupTurnWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.FanOut(t, 4, func(i int) error {
+		store := b.store
+		if i == 0 {
+			store = waiting
+		}
+		for pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at < now()`) > 0 {
+			if _, err := store.Cleanup(ctx); err != nil {
+				return fmt.Errorf("cleaner %d: %w", i, err)
+			}
+		}
+		return nil
+	})
 }

@@ -75,11 +75,11 @@ type Config struct {
 	// at most. Defaults to [DefaultCleanupBatchSize], 10,000.
 	CleanupBatchSize int
 
-	// CleanupTurnWait is how long a [Store.Cleanup] that finds another cleaner
-	// holding the cleaners' turn keeps trying to take it before it returns
-	// [ErrCleanupStarved]. Defaults to 0: it returns nil at once, leaving the
-	// work to the cleaner at work, and only the third such run in a row
-	// returns ErrCleanupStarved. A cron job (`pgdedup cleanup`) should wait.
+	// CleanupTurnWait is how long a [Store.Cleanup] that finds the cleaners'
+	// turn taken keeps trying to take it; if nobody cleaned meanwhile, it then
+	// returns [ErrCleanupStarved]. Defaults to 0: it returns nil at once, and
+	// only the third such run in a row that saw nobody cleaning returns
+	// ErrCleanupStarved. A cron job (`pgdedup cleanup`) should wait.
 	CleanupTurnWait time.Duration
 
 	// OffsetTable is the table of last processed offsets used by

@@ -40,9 +40,9 @@ var (
 	ErrFenced = errors.New("pgdedup: partition is held by a newer generation")
 
 	// ErrCleanupStarved is returned by [Store.Cleanup], wrapped with who holds
-	// the turn, when it could not take the cleaners' turn: for
-	// [Config.CleanupTurnWait], or for three runs in a row. Expired rows are
-	// piling up: find the session that holds the turn.
+	// the turn, when it could not take the cleaners' turn and nobody was
+	// cleaning: for [Config.CleanupTurnWait], or for three runs in a row.
+	// Expired rows are piling up: find the session that holds the turn.
 	ErrCleanupStarved = errors.New("pgdedup: cleanup never got its turn")
 
 	errNilFunc = errors.New("pgdedup: fn must not be nil")

@@ -31,7 +31,7 @@ type Store struct {
 	offsets  offsetStatements
 	found    atomic.Pointer[layouts] // looked up on first use: see Store.layouts
 
-	cleanupSkips atomic.Int64 // Cleanup runs in a row that never had the turn
+	turn turnWatch // Cleanup runs that found the cleaners' turn taken: cleanup_turn.go
 }
 
 // New returns a [Store] that records IDs for cfg.Consumer in db. It checks cfg
