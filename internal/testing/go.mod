@@ -9,6 +9,7 @@ replace (
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/lib/pq v1.12.3
 	github.com/pgdedup/pgdedup v0.0.0-00010101000000-000000000000
 	github.com/pgdedup/pgdedup/contrib/pgdedupotel v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
