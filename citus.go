@@ -26,6 +26,11 @@ func newCitusLayout(m messageStatements) citusLayout {
 
 func (l citusLayout) claimOne(c *idClaim) statement { return plainLayout{}.claimOne(c) }
 
+// lookup and forget are the plain statements too: with every column of the
+// key in their WHERE clauses, Citus routes them to the ID's shard.
+func (l citusLayout) lookup(r *lookupRow) statement     { return plainLayout{}.lookup(r) }
+func (l citusLayout) forget(c *forgetClaim) []statement { return plainLayout{}.forget(c) }
+
 // claimMany claims the IDs as multi-row VALUES inserts of up to
 // citusBatchMaxRows rows each (see citusBatchChunks).
 func (l citusLayout) claimMany(c *batchClaim) []statement {

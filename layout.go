@@ -37,6 +37,11 @@ type layout interface {
 	// claimMany returns the statements claiming c's sorted IDs; they add the
 	// new ones to c.fresh.
 	claimMany(c *batchClaim) []statement
+	// lookup returns the statement reading the row of r's ID; it fills in r.
+	lookup(r *lookupRow) statement
+	// forget returns the statements deleting the row of c's ID once any
+	// transaction holding it has ended; they set c.found.
+	forget(c *forgetClaim) []statement
 	// cleanup deletes expired rows (see Store.Cleanup); skipped reports that
 	// it never had the cleaners' turn, another cleaner holding it throughout.
 	cleanup(ctx context.Context, s *Store) (deleted int64, skipped bool, err error)
@@ -105,6 +110,9 @@ type messageStatements struct {
 	expires       string // the expires_at expression
 	claim         string // $1 consumer, $2 id, $3 key
 	claimBatch    string // $1 consumer, $2 ids, $3 their keys, sorted by key
+	lookup        string // $1 consumer, $2 id, $3 key
+	forgetWait    string // $1 consumer, $2 id, $3 key: waits for a transaction holding the ID
+	forget        string // $1 consumer, $2 id, $3 key
 	lockTimeoutMS int64  // Config.LockTimeout in milliseconds, rounded up; 0 for none
 }
 
@@ -120,6 +128,12 @@ ON CONFLICT DO NOTHING`,
 SELECT k, $1, id, ` + expires + ` FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n) ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING message_id`,
+		// Every column of the key in the WHERE clause: Citus routes the
+		// statement to one shard whichever column distributes the table.
+		lookup: `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
+		forgetWait: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at) VALUES ($3::uuid, $1, $2, now())
+ON CONFLICT DO NOTHING`,
+		forget:        `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
 		lockTimeoutMS: int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
 	}
 }
@@ -160,6 +174,26 @@ func (plainLayout) claimOne(c *idClaim) statement {
 func (plainLayout) claimMany(c *batchClaim) []statement {
 	s := c.store
 	return []statement{{sql: s.messages.claimBatch, args: []any{s.cfg.Consumer, c.sorted.ids, c.sorted.keys}, row: c.addFresh}}
+}
+
+func (plainLayout) lookup(r *lookupRow) statement {
+	s := r.store
+	return statement{sql: s.messages.lookup, args: []any{s.cfg.Consumer, r.id, Key(s.cfg.Consumer, r.id)}, row: r.scan}
+}
+
+// forget first claims the ID as a claim does, which waits for a transaction
+// that holds it (a first delivery in flight) to end, or gives up after
+// Config.LockTimeout: a plain DELETE would not see that transaction's
+// uncommitted row, delete nothing, and let a redelivery run beside it. The
+// DELETE, a statement of its own and so with a snapshot taken after the wait,
+// then removes the row, committed or just inserted.
+func (plainLayout) forget(c *forgetClaim) []statement {
+	s := c.store
+	args := []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)}
+	return []statement{
+		{sql: s.messages.forgetWait, args: args, affected: func(n int64) { c.placeholder = n == 1 }},
+		{sql: s.messages.forget, args: args, affected: func(n int64) { c.found = n == 1 && !c.placeholder }},
+	}
 }
 
 func (plainLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
