@@ -24,7 +24,11 @@ func newCitusLayout(m messageStatements) citusLayout {
 	return citusLayout{citusPlacement: citusPlacement(m.lockTimeoutMS), messages: m, values: &sync.Map{}}
 }
 
-func (l citusLayout) claimOne(c *idClaim) statement { return plainLayout{}.claimOne(c) }
+func (l citusLayout) claimOne(c *idClaim) []statement { return plainLayout{}.claimOne(c) }
+
+func (l citusLayout) storeResult(c *idClaim, result []byte) statement {
+	return plainLayout{}.storeResult(c, result)
+}
 
 // lookup and forget are the plain statements too: with every column of the
 // key in their WHERE clauses, Citus routes them to the ID's shard.

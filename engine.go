@@ -194,8 +194,12 @@ func (s *Store) claimDone(ctx context.Context, c claim, l *layouts, err error) e
 	}
 	_, skipped, err := c.outcome()
 	if err != nil {
-		if errors.Is(err, ErrFenced) {
+		switch {
+		case errors.Is(err, ErrFenced):
 			s.log.WarnContext(ctx, "pgdedup: fenced", "consumer", s.cfg.Consumer, "claim", c.subject(), "error", err)
+		case errors.Is(err, ErrPayloadMismatch):
+			s.log.WarnContext(ctx, "pgdedup: payload mismatch", "consumer", s.cfg.Consumer, "claim", c.subject(), "error", err)
+			s.emit(ctx, Event{Kind: EventPayloadMismatch, MessageID: c.messageID(), Count: 1, Err: err})
 		}
 		return err
 	}

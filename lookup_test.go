@@ -82,19 +82,7 @@ func TestForgetInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Forget's sessions carry an application_name of their own, so that the
-	// test sees their wait and no other test's.
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := "forget_" + b.db.Schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, app := namedPool(t, b)
 	forgetter, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
 	if err != nil {
 		t.Fatal(err)
@@ -146,6 +134,25 @@ func TestForgetInFlight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// namedPool returns a pool on b's schema whose sessions carry an
+// application_name of their own, and that name, so that a test can see their
+// lock waits and no other test's (waitForLockWait).
+func namedPool(t *testing.T, b *bundle) (*pgxpool.Pool, string) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := "waiter_" + b.db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, app
 }
 
 // waitForLockWait returns once a session named app waits for a lock (on
