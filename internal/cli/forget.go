@@ -60,7 +60,7 @@ func runForget(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			forgotten++
 		}
 	}
-	fmt.Fprintf(stdout, "forgot %d of %d message IDs (consumer %s, table %s); %d were not recorded\n",
+	fmt.Fprintf(stdout, "forgot %d of %d message IDs (consumer %s, table %s); %d not recorded\n",
 		forgotten, len(ids), shown(*consumer), c.table, len(ids)-forgotten)
 	return exitOK
 }
