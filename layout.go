@@ -121,7 +121,6 @@ type messageStatements struct {
 	storeResult       string // $1 consumer, $2 id, $3 key, $4 result
 	claimBatch        string // $1 consumer, $2 ids, $3 their keys, sorted by key
 	lookup            string // $1 consumer, $2 id, $3 key
-	forgetWait        string // $1 consumer, $2 id, $3 key: waits for a transaction holding the ID
 	forget            string // $1 consumer, $2 id, $3 key
 	lockTimeoutMS     int64  // Config.LockTimeout in milliseconds, rounded up; 0 for none
 }
@@ -141,9 +140,7 @@ ON CONFLICT DO NOTHING
 RETURNING message_id`,
 		// Every column of the key in the WHERE clause: Citus routes the
 		// statement to one shard whichever column distributes the table.
-		lookup: `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
-		forgetWait: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at) VALUES ($3::uuid, $1, $2, now())
-ON CONFLICT DO NOTHING`,
+		lookup:            `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
 		forget:            `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
 		lockTimeoutMS:     int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
 		storedFingerprint: `SELECT fingerprint FROM ` + t + where,
@@ -242,19 +239,22 @@ func (plainLayout) lookup(r *lookupRow) statement {
 	return statement{sql: s.messages.lookup, args: []any{s.cfg.Consumer, r.id, Key(s.cfg.Consumer, r.id)}, row: r.scan}
 }
 
-// forget first claims the ID as a claim does, which waits for a transaction
-// that holds it (a first delivery in flight) to end, or gives up after
-// Config.LockTimeout: a plain DELETE would not see that transaction's
+func (l plainLayout) forget(c *forgetClaim) []statement { return forgetStatements(l, c) }
+
+// forgetStatements are the statements of a Forget on any layout. First the
+// layout's own claim of the ID: it waits for a transaction that holds the ID
+// (a first delivery in flight) to end, or gives up after Config.LockTimeout,
+// exactly as a claim would. A plain DELETE would not see that transaction's
 // uncommitted row, delete nothing, and let a redelivery run beside it. The
 // DELETE, a statement of its own and so with a snapshot taken after the wait,
-// then removes the row, committed or just inserted.
-func (plainLayout) forget(c *forgetClaim) []statement {
+// then removes the ID's rows, committed or just claimed; there was a row only
+// if the claim found the ID already claimed.
+func forgetStatements(l layout, c *forgetClaim) []statement {
 	s := c.store
-	args := []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)}
-	return []statement{
-		{sql: s.messages.forgetWait, args: args, affected: func(n int64) { c.placeholder = n == 1 }},
-		{sql: s.messages.forget, args: args, affected: func(n int64) { c.found = n == 1 && !c.placeholder }},
-	}
+	c.claim = idClaim{store: s, id: c.id}
+	return append(l.claimOne(&c.claim), statement{
+		sql: s.messages.forget, args: []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)},
+		affected: func(n int64) { c.found = n > 0 && !c.claim.claimed }})
 }
 
 func (plainLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {

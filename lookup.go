@@ -85,14 +85,14 @@ func (r *lookupRow) action() string                      { return "look up" }
 // forgetClaim is the kind of claim that Forget runs: the layout's forget
 // statements, which wait for a transaction holding the ID as a claim does.
 type forgetClaim struct {
-	store       *Store
-	id          string
-	placeholder bool // the ID had no row: the statements inserted one, then deleted it
-	found       bool
+	store *Store
+	id    string
+	claim idClaim // the claim that waits: new (claimed) if the ID had no row
+	found bool
 }
 
 func (c *forgetClaim) statements(l *layouts) claimStatements {
-	c.placeholder, c.found = false, false
+	c.found = false
 	return claimStatements{settings: l.messages.settings(false), claim: l.messages.forget(c)}
 }
 
