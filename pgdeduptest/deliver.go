@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,13 +18,21 @@ import (
 // business write of one message; [AssertOnce] then checks, with the test's
 // own query, that the business effect happened once.
 
+// TB is what the delivery helpers need of a test: a *testing.T or
+// *testing.B, or anything that reports failures the same way.
+type TB interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+}
+
 // deliveryTimeout bounds each helper.
 const deliveryTimeout = 2 * time.Minute
 
 // DeliverSequentially delivers messageID n times, one after the other, and
 // returns how many deliveries ran fn to COMMIT. It fails t if a delivery
 // returns an error, or if more than one was processed.
-func DeliverSequentially(t testing.TB, store *pgdedup.Store, messageID string, n int, fn func(ctx context.Context, tx pgx.Tx) error) (processed int) {
+func DeliverSequentially(t TB, store *pgdedup.Store, messageID string, n int, fn func(ctx context.Context, tx pgx.Tx) error) (processed int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deliveryTimeout)
 	defer cancel()
@@ -33,6 +40,7 @@ func DeliverSequentially(t testing.TB, store *pgdedup.Store, messageID string, n
 		ok, err := store.Process(ctx, messageID, fn)
 		if err != nil {
 			t.Fatalf("pgdeduptest: delivery %d of %d of %q: %v", i+1, n, messageID, err)
+			return processed
 		}
 		if ok {
 			processed++
@@ -49,7 +57,7 @@ func DeliverSequentially(t testing.TB, store *pgdedup.Store, messageID string, n
 // to COMMIT. The store's DB needs a connection per delivery to test the
 // overlap (a *pgxpool.Pool's MaxConns). It fails t if a delivery returns an
 // error, or if more than one was processed.
-func DeliverConcurrently(t testing.TB, store *pgdedup.Store, messageID string, n int, fn func(ctx context.Context, tx pgx.Tx) error) (processed int) {
+func DeliverConcurrently(t TB, store *pgdedup.Store, messageID string, n int, fn func(ctx context.Context, tx pgx.Tx) error) (processed int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deliveryTimeout)
 	defer cancel()
@@ -75,6 +83,7 @@ func DeliverConcurrently(t testing.TB, store *pgdedup.Store, messageID string, n
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("pgdeduptest: %d concurrent deliveries of %q: %v", n, messageID, err)
+		return processed
 	}
 	if processed > 1 {
 		t.Errorf("pgdeduptest: %q processed %d times in %d concurrent deliveries, want at most once", messageID, processed, n)
@@ -90,7 +99,7 @@ func DeliverConcurrently(t testing.TB, store *pgdedup.Store, messageID string, n
 // anyway, which the helper then does, once. Only the first run of fn is cut.
 // It returns how many deliveries ran fn to COMMIT: 1 for a new ID. It fails t
 // if the redelivery returns an error.
-func DeliverCutBeforeCommit(t testing.TB, store *pgdedup.Store, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (processed int) {
+func DeliverCutBeforeCommit(t TB, store *pgdedup.Store, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (processed int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deliveryTimeout)
 	defer cancel()
@@ -106,6 +115,7 @@ func DeliverCutBeforeCommit(t testing.TB, store *pgdedup.Store, messageID string
 	})
 	if !cut {
 		t.Fatalf("pgdeduptest: the delivery of %q did not reach fn: is it new?", messageID)
+		return 0
 	}
 	if ok {
 		processed++
@@ -113,6 +123,7 @@ func DeliverCutBeforeCommit(t testing.TB, store *pgdedup.Store, messageID string
 	ok, err := store.Process(ctx, messageID, fn)
 	if err != nil {
 		t.Fatalf("pgdeduptest: redelivery of %q after the cut: %v", messageID, err)
+		return processed
 	}
 	if ok {
 		processed++
@@ -126,13 +137,14 @@ func DeliverCutBeforeCommit(t testing.TB, store *pgdedup.Store, messageID string
 // AssertOnce fails t unless count, the test's own query of the business
 // effect of one message (rows written, balance changed, emails queued),
 // returns 1.
-func AssertOnce(t testing.TB, count func(ctx context.Context) (int, error)) {
+func AssertOnce(t TB, count func(ctx context.Context) (int, error)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n, err := count(ctx)
 	if err != nil {
 		t.Fatalf("pgdeduptest: counting the effect: %v", err)
+		return
 	}
 	if n != 1 {
 		t.Errorf("pgdeduptest: the effect happened %d times, want once", n)
