@@ -7,6 +7,15 @@
 //
 //	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go run -C bench . -o results/bench.md
 //
+// The parts (-only): accounting counts round trips on the wire and WAL bytes
+// per message; messages and delayed (+250µs each way through a proxy) run the
+// bare business transaction, a hand-written pgx pipeline of Process's SQL,
+// Process, Claim, the Redis SET NX recipe and the duplicate path in
+// interleaved rounds, so drift of a shared machine hits all alike; batch runs
+// ClaimBatch; cleanup deletes expired rows with Process alongside. Only when
+// named: soak (a throwaway cluster at a fixed rate with RunCleaner), citus
+// (a Citus coordinator, -citus-url) and growth (a table of millions of rows).
+//
 // It works in a schema of its own, created and dropped, and under Redis keys
 // of its own, deleted at the end.
 package main

@@ -143,10 +143,13 @@ func yesNo(ok bool) string {
 // proportions marks what makes these figures those of a toy, not of a
 // production table: a figure read without it would be trusted too far.
 func (r *report) proportions() []string {
-	notes := []string{"Toy proportions: the tables these parts write to hold minutes of messages, not rate × Retention " +
-		"(a production table spans hundreds of checkpoint cycles). WAL per message here is that of a small table, " +
-		"whose index leaves are mostly imaged once per checkpoint; on a big table it is several times higher " +
-		"(docs/operations.md, sizing). Cleanup's expired rows are inserted in bulk just before it runs."}
+	var notes []string
+	if r.costs != nil || r.tables != nil || r.batches != nil || r.cleanup != nil || r.citus != nil || r.growth != nil {
+		notes = append(notes, "Toy proportions: the tables these parts write to hold minutes of messages, not rate × Retention "+
+			"(a production table spans hundreds of checkpoint cycles). WAL per message here is that of a small table, "+
+			"whose index leaves are mostly imaged once per checkpoint; on a big table it is several times higher "+
+			"(docs/operations.md, sizing). Cleanup's expired rows are inserted in bulk just before it runs.")
+	}
 	if r.settings["fsync"] == "off" || r.settings["synchronous_commit"] == "off" {
 		notes = append(notes, "fsync or synchronous_commit is off: commit latencies are not those of a durable server.")
 	}

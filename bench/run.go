@@ -90,15 +90,16 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 // It fails when the soak fails one of its checks.
 func soak(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	prog := newProgress(stderr, 3+int(cfg.soak.duration/cfg.soak.sampleEvery))
-	loadBefore := loadAverage()
+	start, loadBefore := time.Now(), loadAverage()
 	r, err := runSoak(ctx, cfg.soak, prog)
 	prog.finish()
 	if err != nil {
 		return err
 	}
-	md := r.markdown(loadBefore, loadAverage())
+	loadAfter := loadAverage()
+	md := r.markdown(loadBefore, loadAfter)
 	if slices.Equal(cfg.only, []string{"soak"}) {
-		err = write(cfg, stdout, md)
+		err = write(cfg, stdout, header(cfg.args, start, time.Since(start), loadBefore, loadAfter)+"\n"+md)
 	} else {
 		err = appendTo(cfg, stdout, md)
 	}
