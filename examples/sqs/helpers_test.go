@@ -144,4 +144,3 @@ func testQueue(t *testing.T, client *sqs.Client, rng *rand.Rand, visibility, max
 	})
 	return url, dlq
 }
-
