@@ -152,6 +152,7 @@ func runLambda(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	keyAttr := fs.String("key-attribute", cli.Env("KEY_ATTRIBUTE", defaultKeyAttribute), "message attribute with the producer's idempotency key (env KEY_ATTRIBUTE)")
 	lockTimeout := fs.Duration("lock-timeout", envDuration("LOCK_TIMEOUT", 2*time.Second, stderr), "report a message whose key is in flight elsewhere as failed after this long (env LOCK_TIMEOUT)")
 	name := fs.String("name", cli.Env("AWS_LAMBDA_FUNCTION_NAME", "lambda"), "recorded in charges.charged_by (env AWS_LAMBDA_FUNCTION_NAME)")
+	handlerDelay := fs.Duration("handler-delay", envDuration("HANDLER_DELAY", 0, stderr), "simulated work inside each batch's transaction (env HANDLER_DELAY)")
 	level := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug logs every message's outcome (env LOG_LEVEL)")
 	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
@@ -174,7 +175,7 @@ func runLambda(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	h := &lambdaHandler{keyAttribute: *keyAttr, charger: &charger{store: store, name: *name, log: log}}
+	h := &lambdaHandler{keyAttribute: *keyAttr, charger: &charger{store: store, name: *name, handlerDelay: *handlerDelay, log: log}}
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return nil // not reached: lambda.Start exits the process
 }
