@@ -43,6 +43,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&cfg.BatchSize, "batch", 10, "messages per receive, 1 to 10")
 	fs.DurationVar(&cfg.Wait, "wait", 20*time.Second, "long-poll wait, 0 to 20s")
 	fs.DurationVar(&cfg.LockTimeout, "lock-timeout", 2*time.Second, "requeue a message whose key is in flight elsewhere after this long (0 waits); keep it well under the visibility timeout")
+	fs.DurationVar(&cfg.Retention, "retention", defaultRetention, "how long a key is remembered: beyond the queue's MessageRetentionPeriod (at most 14 days)")
 	fs.DurationVar(&cfg.RequeueDelay, "requeue-delay", time.Second, "visibility timeout given to a message that was in flight elsewhere or failed (whole seconds)")
 	fs.DurationVar(&cfg.HandlerDelay, "handler-delay", 0, "simulated work inside each batch's transaction")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for batches being processed")
@@ -152,6 +153,7 @@ func runLambda(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	keyAttr := fs.String("key-attribute", cli.Env("KEY_ATTRIBUTE", defaultKeyAttribute), "message attribute with the producer's idempotency key (env KEY_ATTRIBUTE)")
 	lockTimeout := fs.Duration("lock-timeout", envDuration("LOCK_TIMEOUT", 2*time.Second, stderr), "report a message whose key is in flight elsewhere as failed after this long (env LOCK_TIMEOUT)")
 	name := fs.String("name", cli.Env("AWS_LAMBDA_FUNCTION_NAME", "lambda"), "recorded in charges.charged_by (env AWS_LAMBDA_FUNCTION_NAME)")
+	retention := fs.Duration("retention", envDuration("RETENTION", defaultRetention, stderr), "how long a key is remembered: beyond the queue's MessageRetentionPeriod (env RETENTION)")
 	handlerDelay := fs.Duration("handler-delay", envDuration("HANDLER_DELAY", 0, stderr), "simulated work inside each batch's transaction (env HANDLER_DELAY)")
 	level := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug logs every message's outcome (env LOG_LEVEL)")
 	if err := cli.Parse(fs, args, stderr); err != nil {
@@ -170,7 +172,7 @@ func runLambda(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	log = log.With("consumer", *name)
 	// One pool per execution environment, reused by every invocation; one
 	// connection is enough: Lambda sends it one event at a time.
-	pool, store, err := shop.OpenStore(ctx, *dbURL, 1, *lockTimeout, log)
+	pool, store, err := openStore(ctx, *dbURL, 1, *lockTimeout, *retention, log)
 	if err != nil {
 		return err
 	}

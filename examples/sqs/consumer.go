@@ -12,8 +12,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-
-	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // consumerConfig is what one consumer process needs; main fills it from flags
@@ -28,6 +26,7 @@ type consumerConfig struct {
 	BatchSize       int           // MaxNumberOfMessages, 1 to 10
 	Wait            time.Duration // long-poll WaitTimeSeconds, at most 20s
 	LockTimeout     time.Duration // pgdedup.Config.LockTimeout: give up on a key in flight elsewhere
+	Retention       time.Duration // pgdedup.Config.Retention: longer than SQS can hand a message back
 	RequeueDelay    time.Duration // visibility given to a message whose key was in flight or that failed
 	HandlerDelay    time.Duration // simulated work inside the transaction, e.g. a call to a payment API
 	ShutdownTimeout time.Duration // how long SIGTERM waits for batches being processed
@@ -47,7 +46,7 @@ type consumer struct {
 // it never deletes (a crash, a failed charge) becomes visible again when its
 // visibility timeout ends, and pgdedup skips it if its charge had committed.
 func consume(ctx context.Context, cfg consumerConfig) error {
-	pool, store, err := shop.OpenStore(ctx, cfg.DatabaseURL, cfg.Pollers, cfg.LockTimeout, cfg.Log)
+	pool, store, err := openStore(ctx, cfg.DatabaseURL, cfg.Pollers+1, cfg.LockTimeout, cfg.Retention, cfg.Log)
 	if err != nil {
 		return err
 	}
