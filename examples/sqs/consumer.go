@@ -62,12 +62,17 @@ func consume(ctx context.Context, cfg consumerConfig) error {
 	// A batch half done at SIGTERM is finished and deleted rather than left
 	// to come back after its visibility timeout.
 	workCtx := context.WithoutCancel(ctx)
+	// A poller that gives up (SQS unreachable) stops the others: the process
+	// exits 1 and its supervisor restarts it.
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
 	errs := make(chan error, cfg.Pollers)
 	var wg sync.WaitGroup
 	for range cfg.Pollers {
 		wg.Go(func() {
-			if err := c.poll(ctx, workCtx); err != nil {
+			if err := c.poll(pollCtx, workCtx); err != nil {
 				errs <- err
+				stopPolling()
 			}
 		})
 	}

@@ -105,15 +105,15 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 		}
 		charged := fleet.CountCharged(t, db)
 		if killed < kills && charged >= killAt[killed] {
-			// Kill an environment while it runs an invocation.
+			// Kill an environment in the first 50ms of an invocation: each
+			// runs at least the 150ms HANDLER_DELAY, so the kill comes
+			// before its answer, inside or before the transaction.
 			i := rng.IntN(environments)
-			for deadline := time.Now().Add(5 * time.Second); !rts[i].busy() && time.Now().Before(deadline); {
-				time.Sleep(5 * time.Millisecond)
+			select {
+			case <-rts[i].handedOut():
+			case <-time.After(10 * time.Second): // idle: kill it all the same
 			}
-			// Somewhere in its first 100ms: every invocation runs at least
-			// the 150ms HANDLER_DELAY, so the kill comes before its answer,
-			// inside or before the transaction.
-			time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
+			time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
 			live[i].kill()
 			rts[i].abandon()
 			t.Logf("SIGKILL %s at %d/%d orders charged (%d messages logged)", live[i].name, charged, orders, live[i].log.Counts().Deliveries)

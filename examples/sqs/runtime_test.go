@@ -32,6 +32,7 @@ type runtimeAPI struct {
 	mu    sync.Mutex
 	seq   int
 	taken map[string]*invocation // handed to the function, no answer yet
+	given chan struct{}          // closed at the next hand-out, then replaced
 }
 
 type invocation struct {
@@ -46,7 +47,7 @@ type invokeResult struct {
 }
 
 func newRuntimeAPI(t *testing.T) *runtimeAPI {
-	r := &runtimeAPI{next: make(chan *invocation), taken: map[string]*invocation{}}
+	r := &runtimeAPI{next: make(chan *invocation), taken: map[string]*invocation{}, given: make(chan struct{})}
 	r.srv = httptest.NewServer(r)
 	t.Cleanup(r.srv.Close)
 	return r
@@ -64,6 +65,8 @@ func (r *runtimeAPI) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		case inv := <-r.next:
 			r.mu.Lock()
 			r.taken[inv.id] = inv
+			close(r.given)
+			r.given = make(chan struct{})
 			r.mu.Unlock()
 			w.Header().Set("Lambda-Runtime-Aws-Request-Id", inv.id)
 			w.Header().Set("Lambda-Runtime-Deadline-Ms", fmt.Sprint(time.Now().Add(30*time.Second).UnixMilli()))
@@ -252,9 +255,10 @@ func sqsEvent(msgs []types.Message, arn string) events.SQSEvent {
 	return ev
 }
 
-// busy reports whether the function process holds an invocation.
-func (r *runtimeAPI) busy() bool {
+// handedOut returns a channel closed when the next invocation is handed to
+// the function process.
+func (r *runtimeAPI) handedOut() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.taken) > 0
+	return r.given
 }
