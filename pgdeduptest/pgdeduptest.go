@@ -4,6 +4,11 @@
 // tests, its contrib modules and its examples use, and what a service that
 // uses pgdedup can use in its tests.
 //
+// For a service's handler, [DeliverSequentially], [DeliverConcurrently] and
+// [DeliverCutBeforeCommit] deliver one message the ways a broker can (again,
+// at once, after a crash before COMMIT), and [AssertOnce] checks with the
+// test's own query that its effect happened once.
+//
 // Its API is not covered by pgdedup's compatibility promise: it may change in
 // any release, as the project's tests need.
 //

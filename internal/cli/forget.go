@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/pgdedup/pgdedup"
@@ -80,7 +81,7 @@ func (c *command) parseIDs(fs *flag.FlagSet, args []string, consumer *string) ([
 	}
 	for i, id := range ids {
 		if err := pgdedup.ValidateMessageID(id); err != nil {
-			return nil, c.usageError("message ID %d (%s): %s", i+1, shown(id), err), false
+			return nil, c.usageError("message ID %d (%s): %s", i+1, shown(id), strings.TrimPrefix(err.Error(), "pgdedup: ")), false
 		}
 	}
 	return ids, exitOK, true

@@ -81,7 +81,7 @@ func TestLookupAndForgetRefuse(t *testing.T) {
 		}{
 			{[]string{"order-1"}, "--consumer is required"},
 			{[]string{"--consumer", "billing"}, "no message ID given"},
-			{[]string{"--consumer", "billing", "ok", ""}, "message ID 2 (\"\"): pgdedup: invalid message ID: empty"},
+			{[]string{"--consumer", "billing", "ok", ""}, "message ID 2 (\"\"): invalid message ID: empty"},
 			{[]string{"--consumer", "billing", strings.Repeat("x", 1025)}, "longer than 1024"},
 			{[]string{"--consumer", " ", "order-1"}, "--consumer is blank"},
 			{[]string{"--consumer", "billing", "--table", "a.b.c", "order-1"}, "--table \"a.b.c\" is not table or schema.table"},
