@@ -1,4 +1,4 @@
-package pgtest
+package pgdeduptest
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func (db *DB) NewRole(t testing.TB) (name, url string) {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, db.base)
 	if err != nil {
-		t.Fatalf("pgtest: connect: %v", err)
+		t.Fatalf("pgdeduptest: connect: %v", err)
 	}
 	defer admin.Close(ctx)
 	err = execAll(ctx, admin, []string{
@@ -33,22 +33,22 @@ func (db *DB) NewRole(t testing.TB) (name, url string) {
 		"ALTER ROLE " + name + " SET search_path = " + db.Schema,
 	})
 	if err != nil {
-		t.Fatalf("pgtest: create role: %v", err)
+		t.Fatalf("pgdeduptest: create role: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, db.base)
 		if err != nil {
-			t.Errorf("pgtest: drop role %s: %v", name, err)
+			t.Errorf("pgdeduptest: drop role %s: %v", name, err)
 			return
 		}
 		defer conn.Close(ctx)
 		if err := execAll(ctx, conn, []string{"DROP OWNED BY " + name, "DROP ROLE " + name}); err != nil {
-			t.Errorf("pgtest: drop role %s: %v", name, err)
+			t.Errorf("pgdeduptest: drop role %s: %v", name, err)
 		}
 	})
-	url, err = WithUser(db.base, name)
+	url, err = withUser(db.base, name)
 	if err != nil {
 		t.Fatal(err)
 	}

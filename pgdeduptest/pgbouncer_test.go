@@ -1,4 +1,4 @@
-package pgtest
+package pgdeduptest
 
 import (
 	"testing"
@@ -6,14 +6,14 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// WithUser must keep everything but the user, in both connection string forms,
+// withUser must keep everything but the user, in both connection string forms,
 // and drop the password: test roles have none.
 func TestWithUser(t *testing.T) {
 	for _, base := range []string{
 		"postgres://postgres:secret@127.0.0.1:6432/test?sslmode=disable&default_query_exec_mode=exec",
 		"host=127.0.0.1 port=6432 user=postgres password=secret dbname=test sslmode=disable default_query_exec_mode=exec",
 	} {
-		u, err := WithUser(base, "pgdedup_test_abc")
+		u, err := withUser(base, "pgdedup_test_abc")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -23,7 +23,7 @@ func TestWithUser(t *testing.T) {
 		}
 		if cfg.User != "pgdedup_test_abc" || cfg.Password != "" || cfg.Database != "test" || cfg.Port != 6432 ||
 			cfg.DefaultQueryExecMode != pgx.QueryExecModeExec {
-			t.Errorf("WithUser(%q) = %q: user %q, password %q, database %q, port %d, exec mode %v",
+			t.Errorf("withUser(%q) = %q: user %q, password %q, database %q, port %d, exec mode %v",
 				base, u, cfg.User, cfg.Password, cfg.Database, cfg.Port, cfg.DefaultQueryExecMode)
 		}
 	}

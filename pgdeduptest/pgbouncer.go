@@ -1,4 +1,4 @@
-package pgtest
+package pgdeduptest
 
 import (
 	"context"
@@ -54,20 +54,20 @@ func dropSchema(ctx context.Context, admin *pgx.Conn, schema string) error {
 // or, behind PgBouncer, as the role of the same name.
 func schemaURL(base, schema string) (string, error) {
 	if PgBouncer() {
-		return WithUser(base, schema)
+		return withUser(base, schema)
 	}
 	return WithSearchPath(base, schema)
 }
 
-// WithUser returns the connection string u (URL or key=value form) logging in
+// withUser returns the connection string u (URL or key=value form) logging in
 // as user, without a password: the test database trusts local connections.
-func WithUser(u, user string) (string, error) {
+func withUser(u, user string) (string, error) {
 	if !strings.HasPrefix(u, "postgres://") && !strings.HasPrefix(u, "postgresql://") {
 		return u + " user=" + user + " password=''", nil
 	}
 	parsed, err := url.Parse(u)
 	if err != nil {
-		return "", fmt.Errorf("pgtest: parse database URL: %w", err)
+		return "", fmt.Errorf("pgdeduptest: parse database URL: %w", err)
 	}
 	parsed.User = url.User(user)
 	return parsed.String(), nil

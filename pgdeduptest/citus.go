@@ -1,4 +1,4 @@
-package pgtest
+package pgdeduptest
 
 import (
 	"context"
@@ -38,11 +38,11 @@ func (db *DB) Distribute(t testing.TB, table, column string, colocate bool) {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, db.base)
 	if err != nil {
-		t.Fatalf("pgtest: connect: %v", err)
+		t.Fatalf("pgdeduptest: connect: %v", err)
 	}
 	defer admin.Close(ctx)
 	if err := distribute(ctx, admin, db.Schema, table, column, colocate); err != nil {
-		t.Fatalf("pgtest: distribute %s.%s by %s: %v", db.Schema, table, column, err)
+		t.Fatalf("pgdeduptest: distribute %s.%s by %s: %v", db.Schema, table, column, err)
 	}
 }
 
