@@ -225,3 +225,41 @@ func TestReadmeExampleCompiles(t *testing.T) {
 		t.Fatalf("the README's example does not compile: %v\n%s", err, out)
 	}
 }
+
+// TestDocsNameExistingTests checks that every test, benchmark, example or
+// fuzz target the hand-written Markdown names in backquotes is defined in a
+// test file of the repository, so that a rename cannot leave a doc pointing
+// at nothing.
+func TestDocsNameExistingTests(t *testing.T) {
+	t.Parallel()
+	var sources strings.Builder
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, "_test.go") {
+			b, err := os.ReadFile(path)
+			sources.Write(b)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile("`((?:Test|Benchmark|Example|Fuzz)[A-Za-z0-9_]+)`")
+	for _, f := range markdownFiles(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range named.FindAllSubmatch(b, -1) {
+			if !strings.Contains(sources.String(), "func "+string(m[1])+"(") {
+				t.Errorf("%s names %s, which no test file defines", f, m[1])
+			}
+		}
+	}
+}
