@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -144,4 +145,121 @@ func anchors(t *testing.T, path string) []string {
 		out = append(out, anchor)
 	}
 	return out
+}
+
+// readmeProgram wraps the README's example in a function with what it
+// assumes in scope: a pool, a context and a channel of deliveries whose
+// fields and methods are those of an AMQP delivery.
+const readmeProgram = `package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgdedup/pgdedup"
+)
+
+type delivery struct {
+	MessageId, OrderID string
+	Amount             int
+}
+
+func (delivery) Ack(multiple bool) error            { return nil }
+func (delivery) Nack(multiple, requeue bool) error { return nil }
+
+func consume(ctx context.Context, pool *pgxpool.Pool, deliveries <-chan delivery) error {
+%s
+	return nil
+}
+
+func main() { _ = consume }
+`
+
+// TestReadmeExampleCompiles type-checks the README's Go example against this
+// checkout, so that an API change cannot leave it behind. It runs go vet in
+// a module of its own that replaces pgdedup with the checkout, offline.
+func TestReadmeExampleCompiles(t *testing.T) {
+	t.Parallel()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("go is not on PATH")
+		}
+		t.Skip("go is not on PATH")
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```go\n(.*?)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README.md has no Go example")
+	}
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	goSum, err := os.ReadFile("go.sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"go.mod":  "module readme\n\ngo 1.26.0\n\nrequire github.com/pgdedup/pgdedup v0.0.0\n\nreplace github.com/pgdedup/pgdedup => " + root + "\n",
+		"go.sum":  string(goSum),
+		"main.go": fmt.Sprintf(readmeProgram, m[1]),
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(goTool, "vet", ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the README's example does not compile: %v\n%s", err, out)
+	}
+}
+
+// TestDocsNameExistingTests checks that every test, benchmark, example or
+// fuzz target the hand-written Markdown names in backquotes is defined in a
+// test file of the repository, so that a rename cannot leave a doc pointing
+// at nothing.
+func TestDocsNameExistingTests(t *testing.T) {
+	t.Parallel()
+	var sources strings.Builder
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, "_test.go") {
+			b, err := os.ReadFile(path)
+			sources.Write(b)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile("`((?:Test|Benchmark|Example|Fuzz)[A-Za-z0-9_]+)`")
+	for _, f := range markdownFiles(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range named.FindAllSubmatch(b, -1) {
+			if !strings.Contains(sources.String(), "func "+string(m[1])+"(") {
+				t.Errorf("%s names %s, which no test file defines", f, m[1])
+			}
+		}
+	}
 }
