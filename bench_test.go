@@ -19,7 +19,7 @@ import (
 // Benchmarks for benchstat: go test -run '^$' -bench . -count 10 | tee new.txt.
 // Those that touch SQL run against the real test database (see internal/pgtest);
 // the side-by-side comparison with Redis and the bare transaction is the bench
-// module (BENCHMARKS.md).
+// module (go run -C bench .).
 
 func BenchmarkValidateMessageID(b *testing.B) {
 	for _, id := range []string{
