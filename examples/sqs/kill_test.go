@@ -29,7 +29,7 @@ import (
 // that the kills caused redeliveries after the visibility timeout.
 func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	const (
-		orders      = 400
+		orders      = 300
 		consumers   = 4
 		kills       = 6
 		visibility  = 5 // seconds
@@ -37,7 +37,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	)
 	endpoint := sqsEndpoint(t)
 	db := pgtest.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
