@@ -172,7 +172,7 @@ func runLambda(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	log = log.With("consumer", *name)
 	// One pool per execution environment, reused by every invocation; one
 	// connection is enough: Lambda sends it one event at a time.
-	pool, store, err := openStore(ctx, *dbURL, 1, *lockTimeout, *retention, log)
+	pool, store, err := openStore(ctx, *dbURL, *name, 1, *lockTimeout, *retention, log)
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ type consumer struct {
 // it never deletes (a crash, a failed charge) becomes visible again when its
 // visibility timeout ends, and pgdedup skips it if its charge had committed.
 func consume(ctx context.Context, cfg consumerConfig) error {
-	pool, store, err := openStore(ctx, cfg.DatabaseURL, cfg.Pollers+1, cfg.LockTimeout, cfg.Retention, cfg.Log)
+	pool, store, err := openStore(ctx, cfg.DatabaseURL, cfg.Name, cfg.Pollers+1, cfg.LockTimeout, cfg.Retention, cfg.Log)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
@@ -27,7 +29,7 @@ import (
 // that the kills caused redeliveries after the visibility timeout.
 func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	const (
-		orders      = 400
+		orders      = 300
 		consumers   = 4
 		kills       = 6
 		visibility  = 5 // seconds
@@ -35,7 +37,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	)
 	endpoint := sqsEndpoint(t)
 	db := pgtest.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
@@ -78,7 +80,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		}
 		charged := fleet.CountCharged(t, db)
 		if killed < kills && charged >= killAt[killed] {
-			victim := g.KillOne(rng)
+			victim := killInTransaction(t, db, g, rng)
 			t.Logf("SIGKILL %s at %d/%d orders charged (%d messages logged)", victim.Name, charged, orders, victim.Log.Counts().Deliveries)
 			killed++
 			g.StartOne()
@@ -157,4 +159,34 @@ func receiveAll(t *testing.T, client *sqs.Client, url string) []string {
 			}
 		}
 	}
+}
+
+// killInTransaction SIGKILLs a live consumer while it holds a transaction
+// open for at least 50ms (its charges are inserted then, and it sleeps the
+// -handler-delay before COMMIT), so that the kill rolls charges back. It
+// kills a random one if none is in a transaction for 10 seconds.
+func killInTransaction(t *testing.T, db *pgtest.DB, g *fleet.Group, rng *rand.Rand) *fleet.Proc {
+	t.Helper()
+	var names []string
+	for _, p := range g.Live {
+		names = append(names, p.Name)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var name string
+		err := db.Pool.QueryRow(context.Background(), `SELECT application_name FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = ANY($1)
+			  AND xact_start < clock_timestamp() - interval '50 ms' LIMIT 1`, names).Scan(&name)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.Index(names, name)
+		victim := g.Live[i]
+		victim.Kill()
+		g.Live = slices.Delete(g.Live, i, i+1)
+		return victim
+	}
+	return g.KillOne(rng)
 }

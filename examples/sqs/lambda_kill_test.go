@@ -37,7 +37,7 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 	)
 	endpoint := sqsEndpoint(t)
 	db := pgtest.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
