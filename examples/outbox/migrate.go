@@ -35,11 +35,13 @@ func migrate(ctx context.Context, db *sql.DB) error {
 }
 
 // riverMigrations returns a goose Provider whose version N is River's
-// migration N, applied by River's own migrator (rivermigrate) in goose's
-// transaction. So River's bookkeeping (river_migration) and goose's agree,
-// and upgrading River's module adds its new versions here without new files.
-// goose's status, up-to and down then work for River as for pgdedup
-// (pgdedup.NewMigrationProvider).
+// migration N, applied by River's own migrator (rivermigrate), which records
+// it in river_migration, in a transaction of its own. So River's bookkeeping
+// and goose's agree, and upgrading River's module adds its new versions here
+// without new files. goose's status, up-to and down then work for River as
+// for pgdedup (pgdedup.NewMigrationProvider). Each step is idempotent: up to
+// version N does nothing when River has N, and down from N to N-1 nothing when
+// River is below N, so an interrupted run can be repeated.
 func riverMigrations(db *sql.DB) (*goose.Provider, error) {
 	migrator, err := rivermigrate.New(riverdatabasesql.New(db), nil)
 	if err != nil {
@@ -47,15 +49,19 @@ func riverMigrations(db *sql.DB) (*goose.Provider, error) {
 	}
 	var ms []*goose.Migration
 	for _, v := range migrator.AllVersions() {
-		up := func(ctx context.Context, tx *sql.Tx) error {
-			_, err := migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{TargetVersion: v.Version})
+		up := func(ctx context.Context, _ *sql.DB) error {
+			_, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{TargetVersion: v.Version})
 			return err
 		}
-		down := func(ctx context.Context, tx *sql.Tx) error {
-			_, err := migrator.MigrateTx(ctx, tx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{MaxSteps: 1})
+		down := func(ctx context.Context, _ *sql.DB) error {
+			target := v.Version - 1 // down migrations run above the target
+			if target == 0 {
+				target = -1 // River's "all the way down"
+			}
+			_, err := migrator.Migrate(ctx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{TargetVersion: target})
 			return err
 		}
-		ms = append(ms, goose.NewGoMigration(int64(v.Version), &goose.GoFunc{RunTx: up}, &goose.GoFunc{RunTx: down}))
+		ms = append(ms, goose.NewGoMigration(int64(v.Version), &goose.GoFunc{RunDB: up}, &goose.GoFunc{RunDB: down}))
 	}
 	return goose.NewProvider(goose.DialectPostgres, db, nil,
 		goose.WithTableName(riverVersionTable), goose.WithDisableGlobalRegistry(true), goose.WithGoMigrations(ms...))
