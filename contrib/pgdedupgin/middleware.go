@@ -23,6 +23,7 @@ var ErrBuffered = errors.New("pgdedupgin: the answer of an idempotent handler is
 func Middleware(mw *idempotency.Middleware) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		outer := c.Writer
+		defer func() { c.Writer = outer }() // also when a handler panics, for gin.Recovery to answer
 		errs := len(c.Errors)
 		mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			inner := &writer{ResponseWriter: w, status: http.StatusOK, size: -1}
@@ -33,7 +34,6 @@ func Middleware(mw *idempotency.Middleware) gin.HandlerFunc {
 				inner.WriteHeaderNow()
 			}
 		})).ServeHTTP(outer, c.Request)
-		c.Writer = outer
 		c.Abort() // the chain ran inside mw, or must not run at all
 	}
 }

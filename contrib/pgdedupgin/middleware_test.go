@@ -200,3 +200,35 @@ func TestSafeMethodPassesThrough(t *testing.T) {
 		t.Fatalf("GET: %d %s", w.Code, w.Body)
 	}
 }
+
+// A handler that panics after its INSERT: rolled back, and gin.Recovery,
+// mounted before Middleware, answers 500 to the client.
+func TestPanicRollsBackAndRecoveryAnswers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	pgtest.Exec(t, db.Pool, `CREATE TABLE orders (id bigserial PRIMARY KEY, owner text NOT NULL, item text NOT NULL)`)
+	mw, err := idempotency.New(db.Pool, idempotency.Config{GlobalScope: true, Secret: []byte("pgdedupgin test secret of 32+ bytes!")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gin.New()
+	r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, _ any) { c.AbortWithStatus(http.StatusInternalServerError) }))
+	r.Use(pgdedupgin.Middleware(mw))
+	r.POST("/orders", func(c *gin.Context) {
+		ctx := c.Request.Context()
+		if _, err := idempotency.Tx(ctx).Exec(ctx, `INSERT INTO orders (owner, item) VALUES ('alice', 'book')`); err != nil {
+			t.Error(err)
+		}
+		panic("bug")
+	})
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	for i := range 2 {
+		if rep := post(t, srv.URL, "k", `{}`); rep.status != http.StatusInternalServerError || rep.replayed() {
+			t.Fatalf("try %d: %+v, want gin.Recovery's 500", i+1, rep)
+		}
+	}
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d orders committed by a handler that panicked", n)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/idempotency"
@@ -63,6 +64,7 @@ func newServer(ctx context.Context, pool *pgxpool.Pool, secret []byte) (*echo.Ec
 	}
 	e := echo.New()
 	e.HideBanner = true
+	e.Use(middleware.Recover()) // a panicking handler: rolled back by the middleware, answered 500 here
 	e.GET(idempotency.DefaultDocsURL, echo.WrapHandler(mw.Docs()))
 	e.POST("/orders", createOrder, authenticate, idempotent(mw))
 	return e, nil

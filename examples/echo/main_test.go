@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/pgdedup/pgdedup/examples/internal/apitest"
+	"github.com/pgdedup/pgdedup/idempotency"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -22,6 +24,7 @@ func serve(t *testing.T) (*pgxpool.Pool, *echo.Echo, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.Logger.SetOutput(io.Discard) // Recover's stack traces
 	srv := httptest.NewServer(e)
 	t.Cleanup(srv.Close)
 	return db.Pool, e, srv.URL
@@ -61,5 +64,27 @@ func TestEchoHandlerErrorRollsBack(t *testing.T) {
 		first.Status, first.Body, retry.Status, retry.Replayed(), n)
 	if n != 1 || retry.Status != http.StatusOK || !retry.Replayed() {
 		t.Fatalf("echo.WrapMiddleware no longer commits a failed handler's write (%d orders, retry %d): update the doc of idempotent", n, retry.Status)
+	}
+}
+
+// A handler that panics after its INSERT: rolled back, and Echo's Recover
+// answers 500.
+func TestEchoPanicRollsBack(t *testing.T) {
+	t.Parallel()
+	pool, e, url := serve(t)
+	e.POST("/panics", func(c echo.Context) error {
+		ctx := c.Request().Context()
+		if _, err := idempotency.Tx(ctx).Exec(ctx, `INSERT INTO orders (owner, item) VALUES ('alice', 'book')`); err != nil {
+			return err
+		}
+		panic("bug")
+	}, authenticate, idempotent(middlewareFor(t, pool)))
+	for i := range 2 {
+		if r := apitest.Post(t, url, "/panics", "alice-token", "k", `{}`); r.Status != http.StatusInternalServerError || r.Replayed() {
+			t.Fatalf("try %d: %d %s, want 500", i+1, r.Status, r.Body)
+		}
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d orders committed by a handler that panicked", n)
 	}
 }
