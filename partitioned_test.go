@@ -13,12 +13,12 @@ import (
 )
 
 // setupPartitioned is setup with the table made Partitioned by Store.Setup:
-// Retention ÷ Partitions is the span (cfg's, or 1 s).
+// Retention ÷ Partitions is the span (cfg's, or 2 s).
 func setupPartitioned(t *testing.T, cfg pgdedup.Config) *bundle {
 	t.Helper()
 	cfg.Layout = pgdedup.Partitioned
 	if cfg.Retention == 0 {
-		cfg.Retention, cfg.Partitions = 10*time.Second, 10
+		cfg.Retention, cfg.Partitions = 20*time.Second, 10
 	}
 	b := setup(t, cfg)
 	if err := b.store.Setup(ctxT(t)); err != nil {
