@@ -51,12 +51,18 @@ func waitSwitch(t *testing.T, pool *pgxpool.Pool) time.Time {
 // test ends, so that partitions exist ahead of the 2-second clock. Its seal
 // waits give up at once: only the test's own Cleanup calls wait.
 func keepPartitions(t *testing.T, b *bundle) {
+	keepPartitionsEvery(t, b, 200*time.Millisecond, time.Millisecond)
+}
+
+// keepPartitionsEvery runs Cleanup every interval, with seal waits of
+// sealWait, until the test ends.
+func keepPartitionsEvery(t *testing.T, b *bundle, interval, sealWait time.Duration) {
 	t.Helper()
 	store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "keeper"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pgdedup.SetPartitionWaits(store, time.Millisecond, time.Millisecond)
+	pgdedup.SetPartitionWaits(store, sealWait, time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -66,7 +72,7 @@ func keepPartitions(t *testing.T, b *bundle) {
 			_, _ = store.Cleanup(ctx)
 			select {
 			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(interval):
 			}
 		}
 	}()
