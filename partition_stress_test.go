@@ -28,7 +28,7 @@ func TestPartitionedStress(t *testing.T) {
 	b := setupPartitioned(t, pgdedup.Config{Retention: 30 * time.Second, Partitions: 60})
 	ctx := ctxT(t)
 	keepPartitionsEvery(t, b, 10*time.Millisecond, time.Millisecond) // creates
-	keepPartitionsEvery(t, b, 50*time.Millisecond, time.Second)       // seals
+	keepPartitionsEvery(t, b, 50*time.Millisecond, time.Second)      // seals
 
 	opts := []pgdedup.Config{
 		{Consumer: "c-rc"},
