@@ -1,0 +1,197 @@
+package pgdedup_test
+
+import (
+	"fmt"
+	"github.com/jackc/pgx/v5/stdlib"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// setupPartitioned is setup with the table made Partitioned by Store.Setup:
+// Retention ÷ Partitions is the span (cfg's, or 2 s). In the Citus pass,
+// where the suite's processed_messages is distributed, it checks that Setup
+// refuses the table and returns nil: the test has nothing more to run.
+func setupPartitioned(t *testing.T, cfg pgdedup.Config) *bundle {
+	t.Helper()
+	cfg.Layout = pgdedup.Partitioned
+	if cfg.Retention == 0 {
+		cfg.Retention, cfg.Partitions = 20*time.Second, 10
+	}
+	b := setup(t, cfg)
+	err := b.store.Setup(ctxT(t))
+	if pgtest.CitusColumn() != "" {
+		if err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
+			t.Fatalf("Setup of a distributed table: %v, want a refusal (plain PostgreSQL only)", err)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestPartitionedClaims(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{Retention: time.Hour}) // 5-minute partitions
+	if b == nil {
+		return // Citus: refused
+	}
+	ctx := ctxT(t)
+	for i, want := range []bool{true, false} {
+		processed, err := b.store.Process(ctx, "m1", charge("o1"))
+		if err != nil || processed != want {
+			t.Fatalf("Process #%d: processed=%v err=%v, want %v", i+1, processed, err, want)
+		}
+	}
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if claimed, err := b.store.Claim(ctx, tx, "m2"); err != nil || !claimed {
+			t.Errorf("Claim m2: claimed=%v err=%v, want true, nil", claimed, err)
+		}
+		fresh, err := b.store.ClaimBatch(ctx, tx, []string{"m1", "m3", "m2", "m4", "m3"})
+		if err != nil || !slices.Equal(fresh, []string{"m3", "m4"}) {
+			t.Errorf("ClaimBatch: fresh=%v err=%v, want [m3 m4]", fresh, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.store.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A switch to the next partition during the test adds hand-over copies.
+	var inPartitions int64
+	for _, p := range st.Partitions {
+		inPartitions += p.Rows
+	}
+	if st.Rows < 4 || inPartitions != st.Rows || len(st.Partitions) < 4 || st.PartitionSpan != 5*time.Minute {
+		t.Errorf("Stats: %d rows, partitions of %s: %+v; want 4 rows or more, in 4 partitions of 5m or more", st.Rows, st.PartitionSpan, st.Partitions)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(DISTINCT message_id) FROM processed_messages`); n != 4 {
+		t.Errorf("%d IDs recorded, want 4", n)
+	}
+}
+
+// TestRoundTrips on the partitioned layout: the hand-over protocol is one
+// statement, so a claim costs what it costs on the plain table.
+func TestPartitionedRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{Retention: time.Hour})
+	if b == nil {
+		return // Citus: refused
+	}
+	store, pool, measure := countedStore(t, b)
+	ctx := ctxT(t)
+	n := 0
+	process := func() error { n++; _, err := store.Process(ctx, fmt.Sprint("m", n), charge("o")); return err }
+	duplicate := func() error { _, err := store.Process(ctx, "m1", charge("o")); return err }
+	for range 2 {
+		_, _ = process(), duplicate()
+	}
+	if got := measure(process); got != 3 {
+		t.Errorf("Process of a new message: %d round trips, want 3", got)
+	}
+	if got := measure(duplicate); got != 2 {
+		t.Errorf("Process of a duplicate: %d round trips, want 2", got)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for range 2 {
+		_, _ = store.Claim(ctx, tx, "warm")
+		_, _ = store.ClaimBatch(ctx, tx, batchIDs(0, 1000))
+	}
+	if got := measure(func() error { _, err := store.Claim(ctx, tx, "c1"); return err }); got != 1 {
+		t.Errorf("Claim: %d round trips, want 1", got)
+	}
+	if got := measure(func() error { _, err := store.ClaimBatch(ctx, tx, batchIDs(1000, 1000)); return err }); got != 1 {
+		t.Errorf("ClaimBatch of 1000: %d round trips, want 1", got)
+	}
+}
+
+// ClaimSQL and ClaimBatchSQL on the partitioned layout, through database/sql.
+func TestPartitionedClaimSQL(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{Retention: time.Hour})
+	if b == nil {
+		return // Citus: refused
+	}
+	ctx := ctxT(t)
+	db := stdlib.OpenDBFromPool(b.pool)
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for i, want := range []bool{true, false} {
+		if claimed, err := b.store.ClaimSQL(ctx, tx, "s1"); err != nil || claimed != want {
+			t.Fatalf("ClaimSQL #%d: claimed=%v err=%v, want %v", i+1, claimed, err, want)
+		}
+	}
+	fresh, err := b.store.ClaimBatchSQL(ctx, tx, []string{"s1", "s2", "s3", "s2"})
+	if err != nil || !slices.Equal(fresh, []string{"s2", "s3"}) {
+		t.Fatalf("ClaimBatchSQL: fresh=%v err=%v, want [s2 s3]", fresh, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(DISTINCT message_id) FROM processed_messages`); n != 3 {
+		t.Errorf("%d IDs recorded, want 3", n)
+	}
+}
+
+// IDs imported by raw SQL with their original times (no key: the trigger
+// fills it) land in the partition of their processed_at, the past one Setup
+// made, and are duplicates; Cleanup drops that partition once they have all
+// expired, and they are forgotten. A row older than every partition is
+// refused.
+func TestPartitionedImport(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{})
+	if b == nil {
+		return // Citus: refused
+	}
+	keepPartitions(t, b)
+	ctx := ctxT(t)
+	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at) VALUES
+('billing', 'imported-1', now() - interval '10 seconds', now() + interval '1 second'),
+('billing', 'imported-2', now() - interval '5 seconds', now() + interval '2 seconds')`)
+	for _, id := range []string{"imported-1", "imported-2"} {
+		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || processed {
+			t.Fatalf("%s after the import: processed=%v err=%v, want a duplicate", id, processed, err)
+		}
+	}
+	// Once both expired, the next Cleanup drops their partition.
+	for pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at >= now()`) > 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	// (The test's keeper may be dropping it at the same time: Cleanup until
+	// it is gone.)
+	for pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'imported-%'`) > 0 {
+		if _, err := b.store.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"imported-1", "imported-2"} {
+		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || !processed {
+			t.Errorf("%s once expired and cleaned up: processed=%v err=%v, want processed", id, processed, err)
+		}
+	}
+	_, err := b.pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
+VALUES ('billing', 'ancient', now() - interval '1 day', now())`)
+	if err == nil {
+		t.Error("a row older than every partition was imported")
+	}
+}
