@@ -25,14 +25,7 @@ import (
 // is set (one multi-statement Exec without arguments), the claim runs, and the
 // previous lock_timeout is restored.
 func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (claimed bool, err error) {
-	if err := ValidateMessageID(messageID); err != nil {
-		return false, err
-	}
-	c := &idClaim{store: s, id: messageID}
-	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
-		return false, err
-	}
-	return c.claimed, nil
+	return s.claimID(messageID, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // ClaimBatchSQL is [Store.ClaimBatch] for database/sql: it records messageIDs inside tx
@@ -61,14 +54,7 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 // round trips (the claim, then the read of the stored row that tells a
 // duplicate from a fenced claim), plus two with [Config.LockTimeout].
 func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p Partition, offsets []int64) (fresh []int64, err error) {
-	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
-		return nil, err
-	}
-	c := &offsetsClaim{store: s, p: p, offsets: offsets}
-	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
-		return nil, err
-	}
-	return c.freshOffsets(), nil
+	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // sqlArgs returns args with every []string written as a Postgres array

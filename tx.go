@@ -20,11 +20,17 @@ import (
 // to [Config.OnEvent]; [EventProcessed] is the Process calls' alone, since
 // only the owner of tx knows whether it commits.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed bool, err error) {
+	return s.claimID(messageID, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+}
+
+// claimID is Claim and ClaimSQL: it validates messageID, then run claims it
+// in the caller's transaction.
+func (s *Store) claimID(messageID string, run func(claim) error) (claimed bool, err error) {
 	if err := ValidateMessageID(messageID); err != nil {
 		return false, err
 	}
 	c := &idClaim{store: s, id: messageID}
-	if err := s.claimInTx(ctx, tx, c); err != nil {
+	if err := run(c); err != nil {
 		return false, err
 	}
 	return c.claimed, nil
