@@ -82,6 +82,19 @@ type Config struct {
 	// ErrCleanupStarved. A cron job (`pgdedup cleanup`) should wait.
 	CleanupTurnWait time.Duration
 
+	// MaxResultBytes is the longest result [Store.ProcessResult] stores; a
+	// longer one fails the call with [ErrResultTooLarge] before COMMIT. It
+	// bounds the row every duplicate reads back. Defaults to
+	// [DefaultMaxResultBytes], 64 KiB.
+	MaxResultBytes int
+
+	// LateMargin is the safety margin of the late-message guard
+	// ([WithSentAt]): a delivery sent more than the Retention in force minus
+	// LateMargin ago returns [ErrTooLate]. It should cover the time between a
+	// claim and its COMMIT, and the skew between the sender's clock and the
+	// consumer's. Defaults to 0, which means a tenth of the Retention in force.
+	LateMargin time.Duration
+
 	// OffsetTable is the table of last processed offsets used by
 	// [Store.ProcessOffsets] and the other offset calls, optionally
 	// schema-qualified, with the same rules as Table. Defaults to
@@ -97,6 +110,7 @@ const (
 	DefaultMaxAttempts      = 3                    // Config.MaxAttempts
 	DefaultMaxBatch         = 10_000               // Config.MaxBatch
 	DefaultCleanupBatchSize = 10_000               // Config.CleanupBatchSize
+	DefaultMaxResultBytes   = 64 << 10             // Config.MaxResultBytes
 
 	MinRetention   = time.Second // the shortest Config.Retention accepted
 	MaxConsumerLen = 255         // the longest Config.Consumer accepted, in bytes
@@ -117,6 +131,7 @@ func (cfg Config) withDefaults(table pgx.Identifier) Config {
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, DefaultMaxBatch)
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, DefaultCleanupBatchSize)
+	cfg.MaxResultBytes = cmp.Or(cfg.MaxResultBytes, DefaultMaxResultBytes)
 	cfg.OffsetTable = cmp.Or(cfg.OffsetTable, defaultOffsetTable(table))
 	return cfg
 }
@@ -154,6 +169,12 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("CleanupBatchSize", "must not be negative, got %d", cfg.CleanupBatchSize)
 	case cfg.CleanupTurnWait < 0:
 		return nil, nil, bad("CleanupTurnWait", "must not be negative, got %s", cfg.CleanupTurnWait)
+	case cfg.MaxResultBytes < 0:
+		return nil, nil, bad("MaxResultBytes", "must not be negative, got %d", cfg.MaxResultBytes)
+	case cfg.LateMargin < 0:
+		return nil, nil, bad("LateMargin", "must not be negative, got %s", cfg.LateMargin)
+	case cfg.LateMargin > 0 && cfg.LateMargin >= cmp.Or(cfg.Retention, DefaultRetention):
+		return nil, nil, bad("LateMargin", "(%s) must be less than Retention (%s)", cfg.LateMargin, cmp.Or(cfg.Retention, DefaultRetention))
 	}
 	if table, err = parseTable("Table", cmp.Or(cfg.Table, DefaultTable)); err != nil {
 		return nil, nil, err

@@ -24,8 +24,11 @@ import (
 // cannot pipeline as pgx does, so it costs three: the transaction-local timeout
 // is set (one multi-statement Exec without arguments), the claim runs, and the
 // previous lock_timeout is restored.
-func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (claimed bool, err error) {
-	return s.claimID(messageID, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
+//
+// opts are as in [Store.Process]; with [WithFingerprint] the fingerprint is
+// read back in one more round trip.
+func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts ...Option) (claimed bool, err error) {
+	return s.claimID(messageID, opts, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // ClaimBatchSQL is [Store.ClaimBatch] for database/sql: it records messageIDs inside tx

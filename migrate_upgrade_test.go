@@ -21,7 +21,7 @@ import (
 
 // upgradeRows is how many rows the table holds when migration 00003 runs in
 // TestUpgradeInPlace: 100,000 by default (CI), PGDEDUP_UPGRADE_ROWS to change
-// it (the figures in docs/operations.md come from 1,000,000).
+// it (a million rows shows the upgrade at a size where it takes minutes).
 func upgradeRows(t *testing.T) int {
 	n := 100_000
 	if v := os.Getenv("PGDEDUP_UPGRADE_ROWS"); v != "" {

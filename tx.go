@@ -19,17 +19,19 @@ import (
 // business of whoever owns tx. It reports duplicates and in-flight give-ups
 // to [Config.OnEvent]; [EventProcessed] is the Process calls' alone, since
 // only the owner of tx knows whether it commits.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed bool, err error) {
-	return s.claimID(messageID, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+//
+// opts are as in [Store.Process]. A [PayloadMismatchError] leaves tx usable.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...Option) (claimed bool, err error) {
+	return s.claimID(messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
 
-// claimID is Claim and ClaimSQL: it validates messageID, then run claims it
-// in the caller's transaction.
-func (s *Store) claimID(messageID string, run func(claim) error) (claimed bool, err error) {
-	if err := ValidateMessageID(messageID); err != nil {
+// claimID is Claim and ClaimSQL: it validates messageID and opts, then run
+// claims it in the caller's transaction.
+func (s *Store) claimID(messageID string, opts []Option, run func(claim) error) (claimed bool, err error) {
+	c, err := s.newIDClaim(messageID, opts)
+	if err != nil {
 		return false, err
 	}
-	c := &idClaim{store: s, id: messageID}
 	if err := run(c); err != nil {
 		return false, err
 	}

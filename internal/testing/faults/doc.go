@@ -16,6 +16,6 @@
 //
 // The helpers here are small on purpose: a queue table, a proxy, a cluster
 // wrapper and a RESP client, each in a few dozen lines, so that what the suite
-// proves does not hide behind a framework. The figures the tests log are the
-// ones RELIABILITY.md reports.
+// proves does not hide behind a framework. The tests log their counts on
+// FIGURES lines; docs/reliability.md says what each scenario guarantees.
 package faults
