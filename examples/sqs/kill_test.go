@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledConsumersChargeEachOrderOnce sends a few thousand orders (some
@@ -34,7 +34,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		maxReceives = 6
 	)
 	endpoint := sqsEndpoint(t)
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
