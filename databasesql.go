@@ -41,14 +41,7 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts
 // The IDs and their keys travel as array parameters written as Postgres
 // array literals, so no driver-specific array type is needed.
 func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string) (fresh []string, err error) {
-	c, err := s.newBatchClaim(messageIDs)
-	if err != nil || len(c.sorted.ids) == 0 {
-		return nil, err
-	}
-	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
-		return nil, err
-	}
-	return c.freshIDs(), nil
+	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // ClaimOffsetsSQL is [Store.ClaimOffsets] for database/sql: inside tx it

@@ -49,11 +49,17 @@ func (s *Store) claimID(messageID string, opts []Option, run func(claim) error) 
 // with [ErrInvalidMessageID], naming its index, and a batch of more than
 // [Config.MaxBatch] IDs with [ErrBatchTooLarge], before anything is sent.
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
+	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+}
+
+// claimBatch is ClaimBatch and ClaimBatchSQL: it validates messageIDs, then
+// run claims them in the caller's transaction.
+func (s *Store) claimBatch(messageIDs []string, run func(claim) error) (fresh []string, err error) {
 	c, err := s.newBatchClaim(messageIDs)
 	if err != nil || len(c.sorted.ids) == 0 {
 		return nil, err
 	}
-	if err := s.claimInTx(ctx, tx, c); err != nil {
+	if err := run(c); err != nil {
 		return nil, err
 	}
 	return c.freshIDs(), nil
