@@ -319,14 +319,15 @@ func connect(t *testing.T, url string) *pgx.Conn {
 	return conn
 }
 
-// next returns the next cleanup run reported, failing after 10 seconds.
+// next returns the next cleanup run reported, failing after settle (a hang
+// guard: it returns as soon as the run is reported).
 func next(t *testing.T, runs <-chan pgdedup.Event) pgdedup.Event {
 	t.Helper()
 	select {
 	case e := <-runs:
 		return e
-	case <-time.After(10 * time.Second):
-		t.Fatal("no cleanup run within 10s")
+	case <-time.After(settle):
+		t.Fatalf("no cleanup run within %s", settle)
 		return pgdedup.Event{}
 	}
 }
@@ -532,14 +533,15 @@ func TestCleanupTurnTakenAfterAnotherBatchCommitted(t *testing.T) {
 	}
 }
 
-// receive returns the next value from ch, failing the test after 30 seconds.
+// receive returns the next value from ch, failing the test after settle (a
+// hang guard: it returns as soon as the value comes).
 func receive[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no %s within 30s", what)
+	case <-time.After(settle):
+		t.Fatalf("no %s within %s", what, settle)
 		panic("unreachable")
 	}
 }

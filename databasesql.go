@@ -28,14 +28,7 @@ import (
 // opts are as in [Store.Process]; with [WithFingerprint] the fingerprint is
 // read back in one more round trip.
 func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts ...Option) (claimed bool, err error) {
-	c, err := s.newIDClaim(messageID, opts)
-	if err != nil {
-		return false, err
-	}
-	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
-		return false, err
-	}
-	return c.claimed, nil
+	return s.claimID(messageID, opts, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // ClaimBatchSQL is [Store.ClaimBatch] for database/sql: it records messageIDs inside tx
@@ -48,14 +41,7 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts
 // The IDs and their keys travel as array parameters written as Postgres
 // array literals, so no driver-specific array type is needed.
 func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string) (fresh []string, err error) {
-	c, err := s.newBatchClaim(messageIDs)
-	if err != nil || len(c.sorted.ids) == 0 {
-		return nil, err
-	}
-	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
-		return nil, err
-	}
-	return c.freshIDs(), nil
+	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // ClaimOffsetsSQL is [Store.ClaimOffsets] for database/sql: inside tx it
@@ -64,14 +50,7 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 // round trips (the claim, then the read of the stored row that tells a
 // duplicate from a fenced claim), plus two with [Config.LockTimeout].
 func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p Partition, offsets []int64) (fresh []int64, err error) {
-	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
-		return nil, err
-	}
-	c := &offsetsClaim{store: s, p: p, offsets: offsets}
-	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
-		return nil, err
-	}
-	return c.freshOffsets(), nil
+	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // sqlArgs returns args with every []string written as a Postgres array

@@ -91,11 +91,17 @@ func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p Partition, offset 
 // whole batch is rejected with [ErrInvalidOffset] before anything is sent if
 // one offset is negative or out of order.
 func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p Partition, offsets []int64) (fresh []int64, err error) {
+	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+}
+
+// claimOffsets is ClaimOffsets and ClaimOffsetsSQL: it validates p and
+// offsets, then run claims them in the caller's transaction.
+func (s *Store) claimOffsets(p Partition, offsets []int64, run func(claim) error) (fresh []int64, err error) {
 	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
 		return nil, err
 	}
 	c := &offsetsClaim{store: s, p: p, offsets: offsets}
-	if err := s.claimInTx(ctx, tx, c); err != nil {
+	if err := run(c); err != nil {
 		return nil, err
 	}
 	return c.freshOffsets(), nil

@@ -22,11 +22,17 @@ import (
 //
 // opts are as in [Store.Process]. A [PayloadMismatchError] leaves tx usable.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...Option) (claimed bool, err error) {
+	return s.claimID(messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+}
+
+// claimID is Claim and ClaimSQL: it validates messageID and opts, then run
+// claims it in the caller's transaction.
+func (s *Store) claimID(messageID string, opts []Option, run func(claim) error) (claimed bool, err error) {
 	c, err := s.newIDClaim(messageID, opts)
 	if err != nil {
 		return false, err
 	}
-	if err := s.claimInTx(ctx, tx, c); err != nil {
+	if err := run(c); err != nil {
 		return false, err
 	}
 	return c.claimed, nil
@@ -43,11 +49,17 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...
 // with [ErrInvalidMessageID], naming its index, and a batch of more than
 // [Config.MaxBatch] IDs with [ErrBatchTooLarge], before anything is sent.
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
+	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+}
+
+// claimBatch is ClaimBatch and ClaimBatchSQL: it validates messageIDs, then
+// run claims them in the caller's transaction.
+func (s *Store) claimBatch(messageIDs []string, run func(claim) error) (fresh []string, err error) {
 	c, err := s.newBatchClaim(messageIDs)
 	if err != nil || len(c.sorted.ids) == 0 {
 		return nil, err
 	}
-	if err := s.claimInTx(ctx, tx, c); err != nil {
+	if err := run(c); err != nil {
 		return nil, err
 	}
 	return c.freshIDs(), nil

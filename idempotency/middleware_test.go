@@ -61,13 +61,12 @@ func TestConcurrentDuplicateGets409(t *testing.T) {
 	}()
 	<-api.entered // the first request holds the key
 
-	start := time.Now()
+	// The first request stays held until after this answer: a 409 can only
+	// come from the duplicate giving up on the key's lock (InFlightWait 0),
+	// never from waiting for the first to end.
 	dup := post(t, b.url, "k", order)
 	if !isProblem(dup, 409) || dup.header.Get("Retry-After") == "" {
 		t.Fatalf("duplicate while in flight: %v", dup)
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("409 took %s; InFlightWait 0 should answer at once", d)
 	}
 	api.gate <- struct{}{}
 	first := <-firstDone

@@ -37,6 +37,24 @@ func Count(t testing.TB, db Querier, sql string, args ...any) int {
 	return n
 }
 
+// CountBy runs sql, a query of (text, integer) rows such as
+// SELECT k, count(*) … GROUP BY k, and returns them as a map; it fails t if
+// the query errs.
+func CountBy(t testing.TB, db Querier, sql string, args ...any) map[string]int {
+	t.Helper()
+	rows, err := db.Query(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	out := map[string]int{}
+	var k string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&k, &n}, func() error { out[k] = n; return nil }); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return out
+}
+
 // HoldClaim claims id with store in a transaction of its own on db and
 // leaves that transaction open, so that a claim of id elsewhere waits for it
 // (or, with [pgdedup.Config.LockTimeout], fails with [pgdedup.ErrInFlight]).

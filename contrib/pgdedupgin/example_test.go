@@ -13,14 +13,14 @@ import (
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupgin"
 	"github.com/pgdedup/pgdedup/idempotency"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A gin route whose handler writes in the middleware's transaction; the retry
 // gets the first answer replayed and inserts nothing.
 func ExampleMiddleware() {
 	ctx := context.Background()
-	pool, done := pgtest.ForExample()
+	pool, done := pgdeduptest.ForExample()
 	defer done()
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
 		log.Fatal(err)

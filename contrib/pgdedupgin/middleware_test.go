@@ -17,7 +17,7 @@ import (
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupgin"
 	"github.com/pgdedup/pgdedup/idempotency"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 func init() { gin.SetMode(gin.ReleaseMode) }
@@ -38,8 +38,8 @@ type api struct {
 
 func newAPI(t *testing.T) *api {
 	t.Helper()
-	db := pgtest.New(t)
-	pgtest.Exec(t, db.Pool, `CREATE TABLE orders (id bigserial PRIMARY KEY, owner text NOT NULL, item text NOT NULL)`)
+	db := pgdeduptest.New(t)
+	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE orders (id bigserial PRIMARY KEY, owner text NOT NULL, item text NOT NULL)`)
 	mw, err := idempotency.New(db.Pool, idempotency.Config{
 		Store:  pgdedup.Config{Consumer: "orders-api"},
 		Scope:  func(r *http.Request) string { return r.Header.Get("X-Test-User") }, // a test's stand-in for authentication
@@ -134,7 +134,7 @@ func TestReplay(t *testing.T) {
 	if r := post(t, a.url, "", `{"item":"book"}`); r.status != 400 || !strings.HasSuffix(r.problem(), "#missing-key") {
 		t.Fatalf("no key: %+v", r)
 	}
-	if n := pgtest.Count(t, a.pool, `SELECT count(*) FROM orders`); n != 1 || a.calls.Load() != 1 || a.after.Load() != 1 {
+	if n := pgdeduptest.Count(t, a.pool, `SELECT count(*) FROM orders`); n != 1 || a.calls.Load() != 1 || a.after.Load() != 1 {
 		t.Fatalf("%d orders, %d handler calls, %d calls after it; want 1, 1, 1 (a replay or a refusal runs no handler)",
 			n, a.calls.Load(), a.after.Load())
 	}
@@ -159,7 +159,7 @@ func TestConflictWhileInFlight(t *testing.T) {
 	if r := post(t, a.url, "k", `{"item":"lamp"}`); !r.replayed() || r.body != first.body {
 		t.Fatalf("after the first: %+v", r)
 	}
-	if n := pgtest.Count(t, a.pool, `SELECT count(*) FROM orders`); n != 1 || a.calls.Load() != 1 {
+	if n := pgdeduptest.Count(t, a.pool, `SELECT count(*) FROM orders`); n != 1 || a.calls.Load() != 1 {
 		t.Fatalf("%d orders, %d handler calls; want 1, 1", n, a.calls.Load())
 	}
 }
@@ -178,7 +178,7 @@ func TestFailuresRollBack(t *testing.T) {
 			}
 		}
 	}
-	if n := pgtest.Count(t, a.pool, `SELECT count(*) FROM orders`); n != 0 || a.calls.Load() != 4 {
+	if n := pgdeduptest.Count(t, a.pool, `SELECT count(*) FROM orders`); n != 0 || a.calls.Load() != 4 {
 		t.Fatalf("%d orders, %d handler calls; want 0, 4", n, a.calls.Load())
 	}
 }
@@ -186,7 +186,7 @@ func TestFailuresRollBack(t *testing.T) {
 // Safe methods pass through: no key needed, no transaction.
 func TestSafeMethodPassesThrough(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	mw, err := idempotency.New(db.Pool, idempotency.Config{GlobalScope: true, Secret: []byte("pgdedupgin test secret of 32+ bytes!")})
 	if err != nil {
 		t.Fatal(err)

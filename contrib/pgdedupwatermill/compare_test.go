@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupwatermill"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestDeduplicatorComparedOnFailures runs the same handler, whose first
@@ -28,8 +28,8 @@ import (
 func TestDeduplicatorComparedOnFailures(t *testing.T) {
 	const orders = 40
 	url := amqpURL(t)
-	db := pgtest.New(t)
-	pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, via text NOT NULL, order_id text NOT NULL)`)
+	db := pgdeduptest.New(t)
+	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, via text NOT NULL, order_id text NOT NULL)`)
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "charges"})
 	if err != nil {
 		t.Fatal(err)
@@ -100,8 +100,8 @@ func TestDeduplicatorComparedOnFailures(t *testing.T) {
 
 	failedMem := run("watermill-deduplicator", inMemory.Middleware)
 	failedDurable := run("pgdedupwatermill", durable.Middleware)
-	byVia := pgtest.CountBy(t, db.Pool, `SELECT via, count(DISTINCT order_id) FROM charges GROUP BY via`)
-	rows := pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`)
+	byVia := pgdeduptest.CountBy(t, db.Pool, `SELECT via, count(DISTINCT order_id) FROM charges GROUP BY via`)
+	rows := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM charges`)
 	t.Logf("%d orders, each handler failed %d first deliveries: middleware.Deduplicator charged %d (dropped %d), pgdedupwatermill charged %d",
 		orders, failedMem, byVia["watermill-deduplicator"], orders-byVia["watermill-deduplicator"], byVia["pgdedupwatermill"])
 	if failedMem != orders/4 || failedDurable != orders/4 {

@@ -11,14 +11,14 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupwatermill"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A router whose handler charges each order in the message's transaction.
 // The same message sent twice charges once. (Watermill's in-process
 // gochannel Pub/Sub keeps the example short; the tests use RabbitMQ.)
 func ExampleDeduplicator_Middleware() {
-	pool, done := pgtest.ForExample()
+	pool, done := pgdeduptest.ForExample()
 	defer done()
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE charges (order_id text NOT NULL)`); err != nil {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupwatermill"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 const childEnv = "PGDEDUPWATERMILL_CONSUMER"
@@ -110,8 +110,8 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		kills     = 5
 	)
 	url := amqpURL(t)
-	db := pgtest.New(t)
-	pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+	db := pgdeduptest.New(t)
+	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	topic, waiting := newTopic(t, url)
@@ -133,7 +133,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		p := startConsumer(t, env...)
 		all, running = append(all, p), append(running, p)
 	}
-	charged := func() int { return pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`) }
+	charged := func() int { return pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM charges`) }
 	for k := range kills {
 		// Kill at evenly spaced points of progress, while handlers run.
 		waitFor(t, ctx, "progress", func() bool { return charged() >= orders*(k+1)/(kills+2) })
@@ -158,9 +158,9 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	if n := waiting(); n != 0 {
 		t.Errorf("%d messages left in the queue", n)
 	}
-	rows := pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`)
-	distinct := pgtest.Count(t, db.Pool, `SELECT count(DISTINCT order_id) FROM charges`)
-	ids := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'charges'`)
+	rows := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM charges`)
+	distinct := pgdeduptest.Count(t, db.Pool, `SELECT count(DISTINCT order_id) FROM charges`)
+	ids := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'charges'`)
 	if rows != orders || distinct != orders || ids != orders {
 		t.Fatalf("%d charges for %d distinct orders, %d IDs recorded; want %d of each", rows, distinct, ids, orders)
 	}

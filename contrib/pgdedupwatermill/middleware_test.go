@@ -9,13 +9,13 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupwatermill"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
-func newDedup(t *testing.T, cfg pgdedupwatermill.Config) (*pgtest.DB, *pgdedupwatermill.Deduplicator) {
+func newDedup(t *testing.T, cfg pgdedupwatermill.Config) (*pgdeduptest.DB, *pgdedupwatermill.Deduplicator) {
 	t.Helper()
-	db := pgtest.New(t)
-	pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+	db := pgdeduptest.New(t)
+	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "charges"})
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +67,8 @@ func TestFailureThenRedeliveryThenDuplicate(t *testing.T) {
 	if out, err := h(msg); err != nil || out != nil {
 		t.Fatalf("duplicate: %v, %v; want nothing", out, err)
 	}
-	if runs != 2 || pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`) != 1 {
-		t.Fatalf("%d runs, %d charges; want 2, 1", runs, pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`))
+	if runs != 2 || pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM charges`) != 1 {
+		t.Fatalf("%d runs, %d charges; want 2, 1", runs, pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM charges`))
 	}
 	if msg.Context() != ctx || pgdedupwatermill.Tx(msg.Context()) != nil {
 		t.Fatal("the message's context still carries the transaction")
@@ -91,7 +91,7 @@ func TestMetadataKey(t *testing.T) {
 	if _, err := h(message.NewMessage("m-3", nil)); !errors.Is(err, pgdedupwatermill.ErrNoKey) {
 		t.Fatalf("no order_id: %v, want ErrNoKey", err)
 	}
-	if runs != 1 || pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'order-7'`) != 1 {
+	if runs != 1 || pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'order-7'`) != 1 {
 		t.Fatalf("%d runs; want 1, keyed by order-7", runs)
 	}
 }

@@ -6,13 +6,13 @@ import (
 	"testing"
 
 	"github.com/pgdedup/pgdedup/examples/internal/apitest"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A replay, 422 for a reused key and 409 for a key in flight, through chi.
 func TestChiReplayAndConflict(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	router, err := newRouter(context.Background(), db.Pool, []byte("chi example test secret of 32+ bytes"))
 	if err != nil {
 		t.Fatal(err)

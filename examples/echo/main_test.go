@@ -12,14 +12,14 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/apitest"
 	"github.com/pgdedup/pgdedup/idempotency"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 const secret = "echo example test secret of 32+ bytes"
 
 func serve(t *testing.T) (*pgxpool.Pool, *echo.Echo, string) {
 	t.Helper()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	e, err := newServer(context.Background(), db.Pool, []byte(secret))
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestEchoHandlerErrorRollsBack(t *testing.T) {
 			t.Fatalf("try %d: %d %s, want the handler's 502, not a replay", i+1, r.Status, r.Body)
 		}
 	}
-	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
+	if n := pgdeduptest.Count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
 		t.Fatalf("%d orders committed by a failed handler", n)
 	}
 
@@ -59,7 +59,7 @@ func TestEchoHandlerErrorRollsBack(t *testing.T) {
 	e.POST("/wrapped/orders", createOrder, authenticate, echo.WrapMiddleware(mw.Wrap))
 	first := apitest.Post(t, url, "/wrapped/orders", "alice-token", "k-wrapped", `{"item":"broken"}`)
 	retry := apitest.Post(t, url, "/wrapped/orders", "alice-token", "k-wrapped", `{"item":"broken"}`)
-	n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`)
+	n := pgdeduptest.Count(t, pool, `SELECT count(*) FROM orders`)
 	t.Logf("echo.WrapMiddleware: first answer %d %q, retry %d replayed=%v, orders committed %d",
 		first.Status, first.Body, retry.Status, retry.Replayed(), n)
 	if n != 1 || retry.Status != http.StatusOK || !retry.Replayed() {
@@ -84,7 +84,7 @@ func TestEchoPanicRollsBack(t *testing.T) {
 			t.Fatalf("try %d: %d %s, want 500", i+1, r.Status, r.Body)
 		}
 	}
-	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
+	if n := pgdeduptest.Count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
 		t.Fatalf("%d orders committed by a handler that panicked", n)
 	}
 }

@@ -8,14 +8,14 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/pgdedup/pgdedup/examples/internal/apitest"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A replay, 422 for a reused key and 409 for a key in flight, through gin.
 func TestGinReplayAndConflict(t *testing.T) {
 	t.Parallel()
 	gin.SetMode(gin.ReleaseMode)
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	r, err := newRouter(context.Background(), db.Pool, []byte("gin example test secret of 32+ bytes"))
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
 )
 
 // Defaults match docker-compose.yml and a local single-broker Kafka.
@@ -27,10 +29,10 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
 	var cfg consumerConfig
-	brokers := fs.String("brokers", env("KAFKA_BROKERS", defaultBrokers), "comma-separated seed brokers (env KAFKA_BROKERS)")
-	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	fs.StringVar(&cfg.Topic, "topic", env("TOPIC", defaultTopic), "topic to consume (env TOPIC)")
-	fs.StringVar(&cfg.Group, "group", env("GROUP", defaultGroup), "consumer group, also pgdedup's consumer name (env GROUP)")
+	brokers := fs.String("brokers", cli.Env("KAFKA_BROKERS", defaultBrokers), "comma-separated seed brokers (env KAFKA_BROKERS)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.Topic, "topic", cli.Env("TOPIC", defaultTopic), "topic to consume (env TOPIC)")
+	fs.StringVar(&cfg.Group, "group", cli.Env("GROUP", defaultGroup), "consumer group, also pgdedup's consumer name (env GROUP)")
 	fs.StringVar(&cfg.Name, "name", host+"-"+strconv.Itoa(os.Getpid()), "consumer name, in charges.charged_by and the Kafka client ID")
 	fs.IntVar(&cfg.MaxPollRecords, "max-poll-records", 500, "records taken per poll, over all partitions")
 	fs.DurationVar(&cfg.LockTimeout, "lock-timeout", 2*time.Second, "give up on a partition another transaction holds after this long, and fetch it again (0 waits)")
@@ -40,7 +42,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&cfg.FailRate, "fail-rate", 0, "share of batches whose handler fails after charging (rolled back, fetched again)")
 	fs.BoolVar(&cfg.Rewind, "rewind", false, "ignore the database's offsets and read every assigned partition from the start (to watch the offset check skip)")
 	level := fs.String("log-level", "info", "debug logs every batch's outcome")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
 	cfg.Brokers = splitList(*brokers)
@@ -60,7 +62,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case cfg.RebalanceTimeout < time.Second:
 		return fmt.Errorf("-rebalance-timeout must be at least 1s, got %s", cfg.RebalanceTimeout)
 	}
-	log, err := newLogger(stderr, *level)
+	log, err := cli.NewLogger(stderr, *level)
 	if err != nil {
 		return err
 	}
@@ -70,13 +72,13 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func runProduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("produce", flag.ContinueOnError)
-	brokers := fs.String("brokers", env("KAFKA_BROKERS", defaultBrokers), "comma-separated seed brokers (env KAFKA_BROKERS)")
-	topic := fs.String("topic", env("TOPIC", defaultTopic), "topic to produce to (env TOPIC)")
+	brokers := fs.String("brokers", cli.Env("KAFKA_BROKERS", defaultBrokers), "comma-separated seed brokers (env KAFKA_BROKERS)")
+	topic := fs.String("topic", cli.Env("TOPIC", defaultTopic), "topic to produce to (env TOPIC)")
 	b := orderBatch{RunID: strconv.FormatInt(time.Now().Unix(), 36)}
 	fs.IntVar(&b.Orders, "orders", 1000, "distinct orders to produce")
 	fs.Float64Var(&b.Duplicates, "duplicates", 0.1, "share of orders produced twice (two records, two offsets)")
 	fs.IntVar(&b.Poison, "poison", 0, "unparseable records mixed in")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
 	switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
 )
 
 // compareConfig is what runCompare measures.
@@ -45,13 +46,13 @@ type scenarioResult struct {
 func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	var cfg compareConfig
-	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL); a schema of its own is created and dropped")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", defaultDatabaseURL), "Postgres URL (env DATABASE_URL); a schema of its own is created and dropped")
 	fs.IntVar(&cfg.Records, "records", 20_000, "records per round of each batched scenario (a tenth of it for one record per transaction)")
 	fs.IntVar(&cfg.Rounds, "rounds", 5, "rounds; the scenarios take turns in each")
 	fs.IntVar(&cfg.Batch, "batch", 100, "records per transaction in the batched scenarios")
 	fs.IntVar(&cfg.Partitions, "partitions", 4, "partitions, each with a worker of its own")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the schema")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := cli.Parse(fs, args, stderr); err != nil {
 		return err
 	}
 	switch {

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // consumerConfig is what one consumer process needs; main fills it from flags
@@ -232,7 +233,7 @@ func (c *consumer) handle(ctx context.Context, topic string, partition int32, re
 	byOffset := make(map[int64]record, len(recs))
 	for i, r := range recs {
 		offsets[i] = r.Offset
-		o, err := decodeOrder(r.Value)
+		o, err := shop.DecodeOrder(r.Value)
 		byOffset[r.Offset] = record{offset: r.Offset, order: o, bad: err}
 	}
 	var res chargeResult

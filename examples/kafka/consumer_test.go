@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
@@ -88,7 +89,7 @@ func TestFailedBatchesAreFetchedAgain(t *testing.T) {
 	stop()
 	wg.Wait()
 
-	checkCharges(t, db, want)
+	fleet.CheckOneChargePerOrder(t, db, want)
 	if n := pgdeduptest.Count(t, db.Pool, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
 		t.Errorf("records applied: %d, want each of the %d records once", n, len(recs))
 	}

@@ -1,18 +1,14 @@
 package main
 
 import (
-	"bytes"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 )
 
 // childEnv makes the test binary run as the consumer command instead of the
@@ -28,76 +24,12 @@ func TestMain(m *testing.M) {
 }
 
 // proc is one consumer process started by the test.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	log    *procLog
-	exited chan struct{} // closed when Wait returns; err is set then
-	err    error
-}
+type proc = fleet.Proc[*procLog]
 
 // startConsumer starts the test binary as "kafka consume args...".
 func startConsumer(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"consume", "-name", name, "-log-level", "debug"}, args...)...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	p := &proc{name: name, cmd: cmd, log: &procLog{}, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.log, p.log
-	if dir := os.Getenv("KAFKA_TEST_LOGDIR"); dir != "" { // the whole log, for debugging
-		f, err := os.Create(dir + "/" + name + ".log")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = f.Close() })
-		cmd.Stdout, cmd.Stderr = io.MultiWriter(p.log, f), io.MultiWriter(p.log, f)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start consumer %s: %v", name, err)
-	}
-	go func() { p.err = cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() { p.kill() })
-	return p
-}
-
-// kill sends SIGKILL: no deferred function, no rollback, no leaving the group
-// runs. Postgres aborts the open transaction when its connection drops; the
-// group notices the member gone after the session timeout.
-func (p *proc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a stopped process dies as well, but resume it to be sure
-	_ = p.cmd.Process.Kill()
-	<-p.exited
-}
-
-// pause stops the process for d (SIGSTOP, then SIGCONT): long enough, it
-// misses its heartbeats, the group gives its partitions to others, and it
-// comes back a zombie, with a transaction perhaps open and a batch in hand.
-func (p *proc) pause(d time.Duration) {
-	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
-	time.Sleep(d)
-	_ = p.cmd.Process.Signal(syscall.SIGCONT)
-}
-
-// stop sends SIGTERM and waits up to timeout for a clean exit.
-func (p *proc) stop(timeout time.Duration) error {
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return err
-	}
-	select {
-	case <-p.exited:
-		return p.err
-	case <-time.After(timeout):
-		p.kill()
-		return fmt.Errorf("no exit %s after SIGTERM", timeout)
-	}
-}
-
-func (p *proc) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
+	return fleet.StartWith(t, childEnv, name, &procLog{}, args...)
 }
 
 // procLog counts a consumer's per-batch log lines (msg=batch) and keeps its
@@ -105,11 +37,9 @@ func (p *proc) running() bool {
 // that were rolled back by a kill: their lines were written, their rows are
 // gone.
 type procLog struct {
-	mu      sync.Mutex
-	partial []byte
-	tail    []string
-	n       logCounts
-	last    time.Time // when the last batch line came
+	fleet.Lines
+	n    logCounts
+	last time.Time // when the last batch line came
 }
 
 // logCounts are the batches a consumer logged, by outcome, and their records.
@@ -143,26 +73,15 @@ func (c *logCounts) add(o logCounts) {
 	c.races += o.races
 }
 
+// Write takes the process's output; it never fails.
 func (l *procLog) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, b...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			return len(b), nil
-		}
-		l.line(string(l.partial[:i]))
-		l.partial = l.partial[i+1:]
-	}
+	l.Split(b, l.line)
+	return len(b), nil
 }
 
 var attrRe = regexp.MustCompile(` (\w+)=(\S+)`)
 
 func (l *procLog) line(s string) {
-	if l.tail = append(l.tail, s); len(l.tail) > 15 {
-		l.tail = l.tail[1:]
-	}
 	switch {
 	case strings.Contains(s, "DATA RACE"):
 		l.n.races++
@@ -199,22 +118,13 @@ func (l *procLog) line(s string) {
 }
 
 // lastBatch returns when the process last logged a batch.
-func (l *procLog) lastBatch() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.last
+func (l *procLog) lastBatch() (last time.Time) {
+	l.Do(func() { last = l.last })
+	return last
 }
 
 // counts returns the counters so far.
-func (l *procLog) counts() logCounts {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.n
-}
-
-// lastLines returns the process's last log lines, for failure messages.
-func (l *procLog) lastLines() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.tail, "\n")
+func (l *procLog) counts() (c logCounts) {
+	l.Do(func() { c = l.n })
+	return c
 }

@@ -14,14 +14,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/pgdedup/pgdedup/examples/internal/cli"
 )
 
 const usage = `usage: kafka <command> [flags]
@@ -39,79 +35,14 @@ func main() {
 }
 
 // runWithSignals runs the command until it ends or SIGTERM/SIGINT cancels it.
-func runWithSignals(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	return run(ctx, args, os.Stdout, os.Stderr)
-}
+func runWithSignals(args []string) int { return cli.WithSignals(run, args) }
 
 // run dispatches to a command and returns the exit code: 0 on success, 1 on
 // failure, 2 on bad usage.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	var cmd func(context.Context, []string, io.Writer, io.Writer) error
-	switch args[0] {
-	case "consume":
-		cmd = runConsume
-	case "produce":
-		cmd = runProduce
-	case "compare":
-		cmd = runCompare
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "kafka: unknown command %q\n%s", args[0], usage)
-		return 2
-	}
-	err := cmd(ctx, args[1:], stdout, stderr)
-	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	default:
-		fmt.Fprintf(stderr, "kafka %s: %v\n", args[0], err)
-		return 1
-	}
-}
-
-// errUsage is returned for bad flags, which the flag package already reported.
-var errUsage = errors.New("bad usage")
-
-// parse parses args into fs, which reports errors to stderr itself.
-func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "unexpected arguments: %v\n", fs.Args())
-		return errUsage
-	}
-	return nil
-}
-
-// env returns the environment variable key, or def when it is unset or empty.
-func env(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
-
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	return cli.Run(ctx, "kafka", usage, map[string]cli.Command{
+		"consume": runConsume,
+		"produce": runProduce,
+		"compare": runCompare,
+	}, args, stdout, stderr)
 }

@@ -2,45 +2,18 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
 )
 
 // Order is the value of one record on the orders topic, keyed by OrderID:
-// charge a customer for an order.
-type Order struct {
-	OrderID     string `json:"order_id"`
-	Customer    string `json:"customer"`
-	AmountCents int64  `json:"amount_cents"`
-}
-
-// errBadOrder marks a record that can never be processed (not JSON, missing
-// fields). Its offset is committed like any other, without a charge.
-var errBadOrder = errors.New("bad order record")
-
-// decodeOrder parses and checks a record's value before anything touches the
-// database.
-func decodeOrder(value []byte) (Order, error) {
-	var o Order
-	if err := json.Unmarshal(value, &o); err != nil {
-		return Order{}, fmt.Errorf("%w: %v", errBadOrder, err)
-	}
-	switch {
-	case o.OrderID == "":
-		return Order{}, fmt.Errorf("%w: order_id is empty", errBadOrder)
-	case o.AmountCents <= 0:
-		return Order{}, fmt.Errorf("%w: order %s: amount_cents must be positive, got %d", errBadOrder, o.OrderID, o.AmountCents)
-	}
-	return o, nil
-}
+// charge a customer for an order. A record that does not decode
+// ([shop.DecodeOrder]) is committed like any other, without a charge.
+type Order = shop.Order
 
 // schemaDDL is the business tables. charges deliberately has no unique
 // constraint on order_id, so that a double charge shows instead of turning
@@ -66,25 +39,9 @@ CREATE TABLE IF NOT EXISTS records_seen (
 )`
 
 // migrate creates pgdedup's tables (processed_offsets among them) and the
-// business tables in the search_path of pool's connections. Both are
-// idempotent and safe to run from several processes at once.
+// business tables in the search_path of pool's connections.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	db := stdlib.OpenDBFromPool(pool)
-	defer func(db *sql.DB) { _ = db.Close() }(db)
-	if err := pgdedup.Migrate(ctx, db); err != nil {
-		return err
-	}
-	// Concurrent CREATE TABLE IF NOT EXISTS can still collide on the catalog;
-	// a transaction-scoped advisory lock makes starting consumers take turns.
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7070707)`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, schemaDDL); err != nil {
-			return fmt.Errorf("create business tables: %w", err)
-		}
-		return nil
-	})
+	return shop.MigrateWith(ctx, pool, schemaDDL)
 }
 
 // record is one fetched record of a batch: its offset and its order, or why it

@@ -16,8 +16,6 @@ import (
 	"context"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/pgdedup/pgdedup/examples/internal/cli"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
@@ -38,11 +36,7 @@ func main() {
 }
 
 // runWithSignals runs the command until it ends or SIGTERM/SIGINT cancels it.
-func runWithSignals(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	return run(ctx, args, os.Stdout, os.Stderr)
-}
+func runWithSignals(args []string) int { return cli.WithSignals(run, args) }
 
 // run dispatches to a command and returns the exit code: 0 on success, 1 on
 // failure, 2 on bad usage.

@@ -21,7 +21,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 const childEnv = "OUTBOX_TEST_CHILD"
@@ -181,7 +181,7 @@ func TestKilledConsumersAndWorkersConfirmEachOrderOnce(t *testing.T) {
 		c := startChild(t, env)
 		all, running = append(all, c), append(running, c)
 	}
-	count := func(sql string) int { return pgtest.Count(t, db.Pool, sql) }
+	count := func(sql string) int { return pgdeduptest.Count(t, db.Pool, sql) }
 	for k := range kills {
 		// Alternate: kill at points of the consumers' progress, then of the
 		// workers' (jobs completed), so kills land in both.

@@ -9,18 +9,18 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // setup returns a schema migrated for pgdedup and River (with goose) holding
 // the orders table.
-func setup(t *testing.T) *pgtest.DB {
+func setup(t *testing.T) *pgdeduptest.DB {
 	t.Helper()
-	db := pgtest.New(t) // pgdedup migrated: migrate finds nothing to do for it
+	db := pgdeduptest.New(t) // pgdedup migrated: migrate finds nothing to do for it
 	if err := migrate(context.Background(), stdlib.OpenDBFromPool(db.Pool)); err != nil {
 		t.Fatal(err)
 	}
-	pgtest.Exec(t, db.Pool, schema)
+	pgdeduptest.Exec(t, db.Pool, schema)
 	return db
 }
 
@@ -39,7 +39,7 @@ func TestJobsFollowTheTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	jobs := func(order string) int {
-		return pgtest.Count(t, db.Pool, `SELECT count(*) FROM river_job WHERE kind = 'confirm_order' AND args->>'order_id' = $1`, order)
+		return pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM river_job WHERE kind = 'confirm_order' AND args->>'order_id' = $1`, order)
 	}
 	one := Order{OrderID: "o-1", AmountCents: 500}
 	for i, want := range []bool{true, false} { // the second is a duplicate
@@ -65,7 +65,7 @@ func TestJobsFollowTheTransaction(t *testing.T) {
 	if processed, err := store.Process(ctx, two.OrderID, handle(client, two)); !processed || err != nil || jobs("o-2") != 1 {
 		t.Fatalf("redelivered: %v, %v, %d jobs", processed, err, jobs("o-2"))
 	}
-	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM river_job`); n != 2 {
+	if n := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM river_job`); n != 2 {
 		t.Fatalf("%d jobs in all, want 2", n)
 	}
 }
@@ -90,7 +90,7 @@ func TestMigrationsWithGoose(t *testing.T) {
 	if v, err := p.GetDBVersion(ctx); err != nil || v != latest || latest < 6 {
 		t.Fatalf("River's goose version %d (%v), want all %d", v, err, latest)
 	}
-	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM river_migration`); int64(n) != latest {
+	if n := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM river_migration`); int64(n) != latest {
 		t.Fatalf("river_migration records %d versions, goose %d", n, latest)
 	}
 	pd, err := pgdedup.NewMigrationProvider(sqlDB)
@@ -103,7 +103,7 @@ func TestMigrationsWithGoose(t *testing.T) {
 	if _, err := p.Down(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM river_migration`); int64(n) != latest-1 {
+	if n := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM river_migration`); int64(n) != latest-1 {
 		t.Fatalf("after goose down: river_migration records %d versions, want %d", n, latest-1)
 	}
 	if _, err := p.Up(ctx); err != nil {

@@ -16,9 +16,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 
 	"github.com/pgdedup/pgdedup/examples/internal/cli"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
@@ -39,11 +37,7 @@ func main() {
 }
 
 // runWithSignals runs the command until it ends or SIGTERM/SIGINT cancels it.
-func runWithSignals(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	return run(ctx, args, os.Stdout, os.Stderr)
-}
+func runWithSignals(args []string) int { return cli.WithSignals(run, args) }
 
 // run dispatches to a command and returns the exit code: 0 on success, 1 on
 // failure, 2 on bad usage.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A message whose key is claimed by a transaction still open elsewhere (its
@@ -33,7 +33,7 @@ func TestInFlightMessageIsRequeuedUntilTheFirstEnds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			endpoint := sqsEndpoint(t)
-			db := pgtest.New(t)
+			db := pgdeduptest.New(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 			defer cancel()
 			if err := shop.Migrate(ctx, db.Pool); err != nil {

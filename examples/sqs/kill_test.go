@@ -16,7 +16,7 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledConsumersChargeEachOrderOnce sends a few thousand orders (some
@@ -36,7 +36,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		maxReceives = 6
 	)
 	endpoint := sqsEndpoint(t)
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
@@ -165,7 +165,7 @@ func receiveAll(t *testing.T, client *sqs.Client, url string) []string {
 // open for at least 50ms (its charges are inserted then, and it sleeps the
 // -handler-delay before COMMIT), so that the kill rolls charges back. It
 // kills a random one if none is in a transaction for 10 seconds.
-func killInTransaction(t *testing.T, db *pgtest.DB, g *fleet.Group, rng *rand.Rand) *fleet.Proc {
+func killInTransaction(t *testing.T, db *pgdeduptest.DB, g *fleet.Group, rng *rand.Rand) *fleet.Proc[*fleet.Log] {
 	t.Helper()
 	var names []string
 	for _, p := range g.Live {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledLambdaRuntimesChargeEachOrderOnce runs the Lambda function the
@@ -36,7 +36,7 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 		maxReceives  = 6
 	)
 	endpoint := sqsEndpoint(t)
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {

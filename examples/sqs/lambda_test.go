@@ -15,7 +15,7 @@ import (
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestLambdaHandlerOnRealEventPayloads calls the Lambda handler with SQS
@@ -24,7 +24,7 @@ import (
 // failed messages come back in BatchItemFailures; duplicates are
 // acknowledged; every order is charged once.
 func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
@@ -98,7 +98,7 @@ func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
 
 // newTestHandler returns the Lambda handler on db's charges, logging every
 // message's outcome to out.
-func newTestHandler(t *testing.T, db *pgtest.DB, lockTimeout time.Duration, out *fleet.Log) *lambdaHandler {
+func newTestHandler(t *testing.T, db *pgdeduptest.DB, lockTimeout time.Duration, out *fleet.Log) *lambdaHandler {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", LockTimeout: lockTimeout, Logger: log})
@@ -148,7 +148,7 @@ func invoke(t *testing.T, ctx context.Context, h *lambdaHandler, event events.SQ
 
 // holdClaim claims key and charges o in a transaction it leaves open, as an
 // invocation still running elsewhere; the test commits or rolls it back.
-func holdClaim(t *testing.T, ctx context.Context, db *pgtest.DB, key string, o shop.Order) pgx.Tx {
+func holdClaim(t *testing.T, ctx context.Context, db *pgdeduptest.DB, key string, o shop.Order) pgx.Tx {
 	t.Helper()
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
 	if err != nil {
@@ -170,7 +170,7 @@ func holdClaim(t *testing.T, ctx context.Context, db *pgtest.DB, key string, o s
 
 // checkChargedBy asserts that charges holds exactly want: for each order, who
 // charged it, once per charge.
-func checkChargedBy(t *testing.T, db *pgtest.DB, want map[string][]string) {
+func checkChargedBy(t *testing.T, db *pgdeduptest.DB, want map[string][]string) {
 	t.Helper()
 	rows, _ := db.Pool.Query(context.Background(), "SELECT order_id, charged_by FROM charges ORDER BY id")
 	got := map[string][]string{}

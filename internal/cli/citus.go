@@ -54,16 +54,12 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	by := fs.String("by", "message_id", "the dedup table's distribution `COLUMN`: message_id (business rows keyed by the message ID co-locate) or key (business rows storing pgdedup.Key co-locate)")
 	shards := fs.Int("shard-count", 0, "`N` shards per table (default: citus.shard_count, 32)")
 	printSQL := fs.Bool("sql", false, "print the statements instead of running them")
-	rest, code, ok := c.parse(fs, args)
+	rest, code, ok := c.parseArgs(fs, args, 1, "missing subcommand: distribute")
 	switch {
 	case !ok:
 		return code
-	case len(rest) == 0:
-		return c.usageError("missing subcommand: distribute")
 	case rest[0] != "distribute":
 		return c.usageError("unknown subcommand %q (want distribute)", rest[0])
-	case len(rest) > 1:
-		return c.usageError("unexpected argument %q", rest[1])
 	case *shards < 0 || *shards > 64000:
 		return c.usageError("--shard-count must be between 1 and 64000, got %d", *shards)
 	}

@@ -41,12 +41,10 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	timeout := fs.Duration("timeout", 0, "give up after `D`, e.g. 10m; committed batches stay deleted (default: no limit)")
 	verbose := fs.Bool("verbose", false, "log each batch (rows and time) to stderr")
 	turnWait := fs.Duration("turn-wait", 30*time.Second, "wait up to `D` for another cleaner's turn to end, then fail")
-	rest, code, ok := c.parse(fs, args)
+	_, code, ok := c.parseArgs(fs, args, 0, "")
 	switch {
 	case !ok:
 		return code
-	case len(rest) > 0:
-		return c.usageError("unexpected argument %q", rest[0])
 	case *batch <= 0:
 		return c.usageError("--batch must be a positive number of rows, got %d", *batch)
 	case *timeout < 0:

@@ -120,6 +120,22 @@ func (c *command) parse(fs *flag.FlagSet, args []string) (positional []string, c
 	}
 }
 
+// parseArgs is parse for a command that takes exactly n positional
+// arguments (0 or 1): fewer is the usage error missing, more is an
+// unexpected argument.
+func (c *command) parseArgs(fs *flag.FlagSet, args []string, n int, missing string) (positional []string, code int, ok bool) {
+	positional, code, ok = c.parse(fs, args)
+	switch {
+	case !ok:
+		return nil, code, false
+	case len(positional) < n:
+		return nil, c.usageError("%s", missing), false
+	case len(positional) > n:
+		return nil, c.usageError("unexpected argument %q", positional[n]), false
+	}
+	return positional, 0, true
+}
+
 // fail reports err, without any password, and returns the failure exit code.
 // The library's "pgdedup: " prefixes are dropped: the line starts with the
 // command's name already.

@@ -65,14 +65,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	confirm := fs.Bool("confirm", false, "with down: revert the migration (without it, down only says what it would do)")
 	discard := fs.Bool("discard-data", false, "with down --confirm: revert even though a table or column it drops holds data, "+
 		"which is lost")
-	rest, code, ok := c.parse(fs, args)
-	switch {
-	case !ok:
+	rest, code, ok := c.parseArgs(fs, args, 1, "missing action: up, down, status or sql")
+	if !ok {
 		return code
-	case len(rest) == 0:
-		return c.usageError("missing action: up, down, status or sql")
-	case len(rest) > 1:
-		return c.usageError("unexpected argument %q", rest[1])
 	}
 	action := rest[0]
 	if action != "down" && (*confirm || *discard) {

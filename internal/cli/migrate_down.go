@@ -187,13 +187,8 @@ func downLosses(src string) ([]loss, error) {
 	part, inBlock := "", false
 	var stmt strings.Builder
 	for line := range strings.Lines(src) {
-		trimmed := strings.TrimSpace(line)
-		if annotation, ok := strings.CutPrefix(trimmed, "-- +goose "); ok {
-			switch strings.ToUpper(strings.TrimSpace(annotation)) {
-			case "UP":
-				part = "up"
-			case "DOWN":
-				part = "down"
+		if annotation, ok := gooseAnnotation(line, &part); ok {
+			switch annotation {
 			case "STATEMENTBEGIN":
 				inBlock = true
 			case "STATEMENTEND":
@@ -201,6 +196,7 @@ func downLosses(src string) ([]loss, error) {
 			}
 			continue
 		}
+		trimmed := strings.TrimSpace(line)
 		if part != "down" || inBlock || strings.HasPrefix(trimmed, "--") || trimmed == "" {
 			continue
 		}

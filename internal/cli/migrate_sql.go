@@ -45,6 +45,24 @@ func (c *command) migrationSQL(down bool) int {
 	return exitOK
 }
 
+// gooseAnnotation reads line as a goose annotation ("-- +goose Up") and
+// returns it upper-cased ("UP", "STATEMENTBEGIN", "NO TRANSACTION"); on Up
+// and Down it sets *part to "up" or "down".
+func gooseAnnotation(line string, part *string) (annotation string, ok bool) {
+	annotation, ok = strings.CutPrefix(strings.TrimSpace(line), "-- +goose ")
+	if !ok {
+		return "", false
+	}
+	annotation = strings.ToUpper(strings.TrimSpace(annotation))
+	switch annotation {
+	case "UP":
+		*part = "up"
+	case "DOWN":
+		*part = "down"
+	}
+	return annotation, true
+}
+
 // section returns one direction of a goose SQL file, without the goose
 // annotations, and whether goose would run it in a transaction. For up, the
 // comments before the Up annotation (the file's description) are kept too.
@@ -53,16 +71,8 @@ func section(src string, down bool) (body string, inTx bool) {
 	var b strings.Builder
 	part := "header"
 	for line := range strings.Lines(src) {
-		trimmed := strings.TrimSpace(line)
-		if annotation, ok := strings.CutPrefix(trimmed, "-- +goose "); ok {
-			switch strings.ToUpper(strings.TrimSpace(annotation)) {
-			case "UP":
-				part = "up"
-			case "DOWN":
-				part = "down"
-			case "NO TRANSACTION":
-				inTx = false
-			}
+		if annotation, ok := gooseAnnotation(line, &part); ok {
+			inTx = inTx && annotation != "NO TRANSACTION"
 			continue
 		}
 		if part == "down" && down || part != "down" && !down {

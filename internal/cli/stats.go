@@ -68,12 +68,10 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := c.flags(true)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table (times in RFC 3339, sizes in bytes)")
 	maxConsumers := fs.Int("max-consumers", defaultMaxConsumers, "show at most `N` consumers, those with the most rows")
-	rest, code, ok := c.parse(fs, args)
+	_, code, ok := c.parseArgs(fs, args, 0, "")
 	switch {
 	case !ok:
 		return code
-	case len(rest) > 0:
-		return c.usageError("unexpected argument %q", rest[0])
 	case *maxConsumers <= 0:
 		return c.usageError("--max-consumers must be a positive number, got %d", *maxConsumers)
 	}

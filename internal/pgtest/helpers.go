@@ -1,35 +1,14 @@
 package pgtest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgdedup/pgdedup/internal/pgserver"
 )
-
-// CountBy runs sql, a query of (text, integer) rows such as
-// SELECT k, count(*) … GROUP BY k, and returns them as a map; it fails t if
-// the query errs.
-func CountBy(t testing.TB, db Querier, sql string, args ...any) map[string]int {
-	t.Helper()
-	rows, err := db.Query(context.Background(), sql, args...)
-	if err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	out := map[string]int{}
-	var k string
-	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&k, &n}, func() error { out[k] = n; return nil }); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return out
-}
 
 // Seed inserts n rows into processed_messages for consumer, IDs
 // SeedID(prefix, 1) … SeedID(prefix, n), in one statement, processed two days

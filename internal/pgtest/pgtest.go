@@ -21,6 +21,7 @@ var (
 	ForExample     = pgdeduptest.ForExample
 	Exec           = pgdeduptest.Exec
 	Count          = pgdeduptest.Count
+	CountBy        = pgdeduptest.CountBy
 	HoldClaim      = pgdeduptest.HoldClaim
 	CitusColumn    = pgdeduptest.CitusColumn
 	PgBouncer      = pgdeduptest.PgBouncer

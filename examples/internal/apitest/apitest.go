@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup/idempotency"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // Reply is one HTTP answer.
@@ -88,7 +88,7 @@ func ReplayAndConflict(t *testing.T, pool *pgxpool.Pool, url string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	before := pgtest.Count(t, pool, `SELECT count(*) FROM orders`)
+	before := pgdeduptest.Count(t, pool, `SELECT count(*) FROM orders`)
 
 	first := Post(t, url, "/orders", "alice-token", "k-replay", `{"item":"book"}`)
 	if first.Status != http.StatusCreated || first.Replayed() {
@@ -126,7 +126,7 @@ func ReplayAndConflict(t *testing.T, pool *pgxpool.Pool, url string) {
 		busy <- result{r, err}
 	}()
 	for { // until its INSERT waits for the lock: its key is claimed by then
-		n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, lockPID)
+		n := pgdeduptest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, lockPID)
 		if n > 0 {
 			break
 		}
@@ -152,7 +152,7 @@ func ReplayAndConflict(t *testing.T, pool *pgxpool.Pool, url string) {
 	if r := Post(t, url, "/orders", "alice-token", "k-busy", `{"item":"lamp"}`); !r.Replayed() || r.Body != res.r.Body {
 		t.Fatalf("retry after the first committed: %d %s", r.Status, r.Body)
 	}
-	if n := pgtest.Count(t, pool, `SELECT count(*) FROM orders`) - before; n != 2 {
+	if n := pgdeduptest.Count(t, pool, `SELECT count(*) FROM orders`) - before; n != 2 {
 		t.Fatalf("%d new orders, want 2 (k-replay's and k-busy's)", n)
 	}
 }

@@ -11,10 +11,20 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
 // Command is one subcommand: it runs with the arguments after its name.
 type Command func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+// WithSignals calls run with args, os.Stdout and os.Stderr, and a context
+// that SIGTERM or SIGINT (Ctrl-C) cancels, and returns its exit code.
+func WithSignals(run func(ctx context.Context, args []string, stdout, stderr io.Writer) int, args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return run(ctx, args, os.Stdout, os.Stderr)
+}
 
 // Run dispatches args[0] to its command of commands and returns the exit
 // code: 0 on success, 1 on failure, 2 on bad usage. name is the program's name

@@ -5,8 +5,10 @@ package fleet
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,24 +16,47 @@ import (
 	"time"
 )
 
-// Proc is one consumer process started by a test.
-type Proc struct {
+// Output is where a [Proc] writes what the process prints: a [Log], or an
+// example's own counter built on [Lines].
+type Output interface {
+	io.Writer
+	LastLines() string
+}
+
+// Proc is one consumer process started by a test; L reads its output.
+type Proc[L Output] struct {
 	Name   string
+	Log    L
 	cmd    *exec.Cmd
-	Log    *Log
 	exited chan struct{} // closed when Wait returns; err is set then
 	err    error
 }
 
-// Start starts the test binary as "<command> consume args..." with childEnv=1
-// in its environment, which the broker's TestMain turns into a run of the
-// command instead of the tests. The process is killed when the test ends.
-func Start(t *testing.T, childEnv, name string, args ...string) *Proc {
+// Start is [StartWith] with a [Log]: per-delivery counts.
+func Start(t *testing.T, childEnv, name string, args ...string) *Proc[*Log] {
+	t.Helper()
+	return StartWith(t, childEnv, name, &Log{}, args...)
+}
+
+// StartWith starts the test binary as "<command> consume args..." with
+// childEnv=1 in its environment, which the broker's TestMain turns into a run
+// of the command instead of the tests, its output going to log (and, with
+// EXAMPLES_TEST_LOGDIR set, to <dir>/<name>.log as well, for debugging). The
+// process is killed when the test ends.
+func StartWith[L Output](t *testing.T, childEnv, name string, log L, args ...string) *Proc[L] {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"consume", "-name", name, "-log-level", "debug"}, args...)...)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
-	p := &Proc{Name: name, cmd: cmd, Log: &Log{}, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.Log, p.Log
+	p := &Proc[L]{Name: name, cmd: cmd, Log: log, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = log, log
+	if dir := os.Getenv("EXAMPLES_TEST_LOGDIR"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = f.Close() })
+		cmd.Stdout, cmd.Stderr = io.MultiWriter(log, f), io.MultiWriter(log, f)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start consumer %s: %v", name, err)
 	}
@@ -43,14 +68,25 @@ func Start(t *testing.T, childEnv, name string, args ...string) *Proc {
 // Kill sends SIGKILL: no deferred function, no ack, no rollback runs. Postgres
 // aborts the open transactions when their connections drop, and the broker
 // delivers again every message the process held unacked (RabbitMQ at once,
-// flagged redelivered; JetStream once its AckWait ends).
-func (p *Proc) Kill() {
+// flagged redelivered; JetStream once its AckWait ends; Kafka once the group
+// notices the member gone). A paused process is resumed first, to be sure.
+func (p *Proc[L]) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	_ = p.cmd.Process.Kill()
 	<-p.exited
 }
 
+// Pause stops the process for d (SIGSTOP, then SIGCONT): long enough, it
+// misses its heartbeats and comes back a zombie, with a transaction perhaps
+// open and messages in hand.
+func (p *Proc[L]) Pause(d time.Duration) {
+	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(d)
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+}
+
 // Stop sends SIGTERM and waits up to timeout for a clean exit.
-func (p *Proc) Stop(timeout time.Duration) error {
+func (p *Proc[L]) Stop(timeout time.Duration) error {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		return err
 	}
@@ -64,7 +100,7 @@ func (p *Proc) Stop(timeout time.Duration) error {
 }
 
 // Running reports whether the process has not exited yet.
-func (p *Proc) Running() bool {
+func (p *Proc[L]) Running() bool {
 	select {
 	case <-p.exited:
 		return false
@@ -73,15 +109,66 @@ func (p *Proc) Running() bool {
 	}
 }
 
+// Err is how the process exited, as [exec.Cmd.Wait] reported it; nil while it
+// runs.
+func (p *Proc[L]) Err() error {
+	select {
+	case <-p.exited:
+		return p.err
+	default:
+		return nil
+	}
+}
+
+// Lines splits a process's output into lines and keeps the last ones, for
+// failure messages. Its zero value is ready; embed it in a counter.
+type Lines struct {
+	mu      sync.Mutex
+	partial []byte
+	tail    []string
+}
+
+// Split takes output b and calls line with each line it completes, holding
+// the lock that [Lines.Do] takes.
+func (l *Lines) Split(b []byte, line func(string)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.partial = append(l.partial, b...)
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			return
+		}
+		s := string(l.partial[:i])
+		l.partial = l.partial[i+1:]
+		if l.tail = append(l.tail, s); len(l.tail) > 15 {
+			l.tail = l.tail[1:]
+		}
+		line(s)
+	}
+}
+
+// Do runs f holding the lock Split holds: to read what line counted.
+func (l *Lines) Do(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f()
+}
+
+// LastLines returns the process's last lines.
+func (l *Lines) LastLines() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.tail, "\n")
+}
+
 // Log counts a consumer's per-delivery log lines (msg=delivery, written at
 // debug level) and keeps its last lines for failure messages. It is what the
 // test knows about redeliveries: rows written in a transaction a SIGKILL rolled
 // back are gone, lines written to the pipe are not.
 type Log struct {
-	mu      sync.Mutex
-	partial []byte
-	tail    []string
-	n       Counts
+	Lines
+	n Counts
 }
 
 // Counts are the deliveries a consumer logged, by outcome.
@@ -114,23 +201,11 @@ func (c *Counts) Add(o Counts) {
 
 // Write takes the process's output; it never fails.
 func (l *Log) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, b...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			return len(b), nil
-		}
-		l.line(string(l.partial[:i]))
-		l.partial = l.partial[i+1:]
-	}
+	l.Split(b, l.line)
+	return len(b), nil
 }
 
 func (l *Log) line(s string) {
-	if l.tail = append(l.tail, s); len(l.tail) > 15 {
-		l.tail = l.tail[1:]
-	}
 	if strings.Contains(s, "DATA RACE") {
 		l.n.Races++
 	}
@@ -163,26 +238,7 @@ func (l *Log) line(s string) {
 }
 
 // Counts returns the counters so far.
-func (l *Log) Counts() Counts {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.n
-}
-
-// LastLines returns the process's last log lines, for failure messages.
-func (l *Log) LastLines() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.tail, "\n")
-}
-
-// Err is how the process exited, as [exec.Cmd.Wait] reported it; nil while it
-// runs.
-func (p *Proc) Err() error {
-	select {
-	case <-p.exited:
-		return p.err
-	default:
-		return nil
-	}
+func (l *Log) Counts() (c Counts) {
+	l.Do(func() { c = l.n })
+	return c
 }

@@ -14,7 +14,7 @@ type Group struct {
 	t         *testing.T
 	childEnv  string
 	args      []string
-	All, Live []*Proc
+	All, Live []*Proc[*Log]
 }
 
 // NewGroup starts n consumer processes (see [Start]) named c01, c02, ...,
@@ -36,7 +36,7 @@ func (g *Group) StartOne() {
 }
 
 // KillOne SIGKILLs a live process chosen with rng and returns it.
-func (g *Group) KillOne(rng *rand.Rand) *Proc {
+func (g *Group) KillOne(rng *rand.Rand) *Proc[*Log] {
 	i := rng.IntN(len(g.Live))
 	victim := g.Live[i]
 	victim.Kill()

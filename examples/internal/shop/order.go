@@ -63,15 +63,29 @@ const ChargesDDL = `CREATE TABLE IF NOT EXISTS charges (
 // Migrate creates pgdedup's processed_messages and the charges table in the
 // search_path of pool's connections. Both are idempotent.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return MigrateWith(ctx, pool, ChargesDDL)
+}
+
+// MigrateWith creates pgdedup's tables and then runs ddl, the business
+// tables, in the search_path of pool's connections. Both must be idempotent;
+// they are safe to run from several processes at once: concurrent CREATE
+// TABLE IF NOT EXISTS can still collide on the catalog, so a
+// transaction-scoped advisory lock makes starting consumers take turns.
+func MigrateWith(ctx context.Context, pool *pgxpool.Pool, ddl string) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer func(db *sql.DB) { _ = db.Close() }(db)
 	if err := pgdedup.Migrate(ctx, db); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, ChargesDDL); err != nil {
-		return fmt.Errorf("create charges: %w", err)
-	}
-	return nil
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7070707)`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("create business tables: %w", err)
+		}
+		return nil
+	})
 }
 
 // Charge records the charge for o in tx, the transaction in which pgdedup

@@ -102,12 +102,13 @@ func TestLockTimeoutOnTheWorkers(t *testing.T) {
 	ctx := ctxT(t, time.Minute)
 	pgtest.HoldClaim(t, s.pool, store, "held")
 
+	// The holder never ends: only LockTimeout, reaching the worker that
+	// holds the row, can end the wait with ErrInFlight (the coordinator
+	// itself waits on no lock, so its own lock_timeout would never fire).
 	within := func(name string, f func() error) {
 		t.Helper()
-		start := time.Now()
-		err := f()
-		if took := time.Since(start); !errors.Is(err, pgdedup.ErrInFlight) || took > 2*timeout {
-			t.Errorf("%s of a message in flight: %v after %s; want ErrInFlight within %s", name, err, took, 2*timeout)
+		if err := f(); !errors.Is(err, pgdedup.ErrInFlight) {
+			t.Errorf("%s of a message in flight: %v; want ErrInFlight", name, err)
 		}
 	}
 	within("Process", func() error { _, err := store.Process(ctx, "held", charge("held")); return err })
