@@ -205,8 +205,8 @@ func TestSafeMethodPassesThrough(t *testing.T) {
 // mounted before Middleware, answers 500 to the client.
 func TestPanicRollsBackAndRecoveryAnswers(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	pgtest.Exec(t, db.Pool, `CREATE TABLE orders (id bigserial PRIMARY KEY, owner text NOT NULL, item text NOT NULL)`)
+	db := pgdeduptest.New(t)
+	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE orders (id bigserial PRIMARY KEY, owner text NOT NULL, item text NOT NULL)`)
 	mw, err := idempotency.New(db.Pool, idempotency.Config{GlobalScope: true, Secret: []byte("pgdedupgin test secret of 32+ bytes!")})
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +228,7 @@ func TestPanicRollsBackAndRecoveryAnswers(t *testing.T) {
 			t.Fatalf("try %d: %+v, want gin.Recovery's 500", i+1, rep)
 		}
 	}
-	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM orders`); n != 0 {
+	if n := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM orders`); n != 0 {
 		t.Fatalf("%d orders committed by a handler that panicked", n)
 	}
 }
