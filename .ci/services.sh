@@ -5,8 +5,9 @@ set -euo pipefail
 
 apt_updated=
 apt_install() {
-  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  if [ -z "$apt_updated" ]; then apt-get -o DPkg::Lock::Timeout=600 update -qq; apt_updated=1; fi
+  # The Citus build (.ci/run) may hold dpkg's lock meanwhile: wait for it.
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" >/dev/null
 }
 
 wait_for() { # name, command...
