@@ -1,0 +1,491 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgserver"
+)
+
+// steadyConfig is -only steady: Process at a fixed rate on a table that
+// holds rate × Retention rows, at a Retention/checkpoint-cycle proportion of
+// production's, side by side with the same run on an empty table (issue 18).
+type steadyConfig struct {
+	layout        string        // plain or partitioned
+	rate          int           // new messages per second
+	cycle         time.Duration // the checkpoint cycle (checkpoint_timeout)
+	ratio         int           // Retention = ratio × cycle
+	cycles        int           // whole cycles measured
+	warmup        int           // cycles run before the measured CHECKPOINT
+	dupShare      float64       // redeliveries on top, as a share of rate
+	cleanEach     time.Duration // RunCleaner's interval
+	workers       int           // concurrent Process calls at the fixed rate
+	tputWorkers   int           // workers of the unthrottled phase
+	tputFor       time.Duration // how long the unthrottled phase runs
+	sharedBuffers string        // shared_buffers of the cluster
+	tiny          bool          // the CI size; set by -steady-tiny
+	ports         []int         // the cluster's port is the first free one
+	command       string        // the command line, for the report
+}
+
+// retention is Config.Retention: ratio × cycle.
+func (c steadyConfig) retention() time.Duration { return time.Duration(c.ratio) * c.cycle }
+
+// rows is what the full table holds: rate × Retention.
+func (c steadyConfig) rows() int { return int(float64(c.rate) * c.retention().Seconds()) }
+
+// serverCheckpoints says whether the server's checkpoint_timeout makes the
+// cycle: it cannot be under 30 s, so a shorter (CI) cycle is made by the
+// bench issuing CHECKPOINT every cycle.
+func (c steadyConfig) serverCheckpoints() bool { return c.cycle >= 30*time.Second }
+
+// naptime is autovacuum_naptime compressed like the cycle: production's
+// default 1 min against a 15 min checkpoint cycle, 1 s at least.
+func (c steadyConfig) naptime() time.Duration {
+	return max(time.Second, (time.Minute*c.cycle/(15*time.Minute)).Round(time.Second))
+}
+
+func (c steadyConfig) validate() error {
+	switch {
+	case c.layout != "plain" && c.layout != "partitioned":
+		return fmt.Errorf("-layout must be plain or partitioned, got %q", c.layout)
+	case c.rate < 1 || c.rate > 100_000:
+		return errors.New("-steady-rate must be from 1 to 100000")
+	case c.cycle < time.Second || c.cycle > 24*time.Hour:
+		return errors.New("-steady-cycle must be from 1s to 24h")
+	case c.ratio < 2 || c.ratio > 10_000:
+		return errors.New("-steady-ratio must be from 2 to 10000")
+	case c.cycles < 1 || c.warmup < 0:
+		return errors.New("-steady-cycles must be at least 1, -steady-warmup not negative")
+	case c.dupShare < 0 || c.dupShare > 1:
+		return errors.New("-steady-dups must be from 0 to 1")
+	case c.cleanEach <= 0 || c.cleanEach > c.retention():
+		return errors.New("-steady-clean-every must be positive and at most the Retention")
+	case c.workers < 1 || c.workers > 64 || c.tputWorkers < 1 || c.tputWorkers > 64:
+		return errors.New("-steady-workers and -steady-tput-workers must be from 1 to 64")
+	case c.tputFor < time.Second:
+		return errors.New("-steady-tput-for must be at least 1s")
+	case c.rows() > 1_000_000_000:
+		return errors.New("-steady-rate × Retention is over 10⁹ rows")
+	}
+	return nil
+}
+
+// steadyRun is what one table's run measured.
+type steadyRun struct {
+	name      string
+	preloaded int           // rows loaded before the run
+	loadTook  time.Duration // how long the preload took, VACUUM and CHECKPOINT included
+
+	rowsStart, rowsEnd int64 // count(*) at the start and end of the measured window
+	window             time.Duration
+	messages           int64 // new messages processed in the window
+	deliveries         int64 // Process calls that ended in the window (redeliveries included)
+	walBytes, fpi      int64 // pg_current_wal_lsn difference, pg_stat_wal.wal_fpi difference
+	checkpoints        int64 // checkpoints that started in the window (timed and requested)
+	p50, p99           time.Duration
+	deadMax, deadEnd   int64 // n_dead_tup over the table's partitions, in the window
+	autovacuums        int64 // autovacuum runs on the table in the window
+	deleted            int64 // rows the cleaner deleted in the window
+	heap, indexes      int64 // bytes, at the end of the window
+	tput               float64
+
+	sent, dupsSent, dupped, processed, errors, cleanErr int64
+	ledgerRows, ledgerDistinct                          int64
+}
+
+func (r steadyRun) walPerMsg() float64 { return float64(r.walBytes) / float64(max(r.messages, 1)) }
+func (r steadyRun) fpiPerMsg() float64 { return float64(r.fpi) / float64(max(r.messages, 1)) }
+
+// steadyResult is the whole -only steady run.
+type steadyResult struct {
+	cfg                   steadyConfig
+	start                 time.Time
+	took                  time.Duration
+	loadBefore, loadAfter string
+	server                string // version
+	settings              string
+	empty, full           steadyRun
+	checks                []soakCheck
+}
+
+func (r steadyResult) passed() bool {
+	for _, c := range r.checks {
+		if !c.ok {
+			return false
+		}
+	}
+	return true
+}
+
+// runSteady starts a throwaway cluster with production settings on one of
+// cfg.ports and runs the empty table, then the full one, each in a database
+// of its own.
+func runSteady(ctx context.Context, cfg steadyConfig, prog *progress) (steadyResult, error) {
+	r := steadyResult{cfg: cfg, start: time.Now(), loadBefore: loadAverage()}
+	checkpointTimeout := cfg.cycle
+	if !cfg.serverCheckpoints() {
+		checkpointTimeout = time.Hour // the bench makes the cycles
+	}
+	prog.step("steady: starting a throwaway cluster (fsync, full_page_writes, autovacuum on)")
+	cluster, err := pgserver.StartClusterWith(pgserver.ClusterOptions{Ports: cfg.ports, Conf: fmt.Sprintf(`
+fsync = on
+full_page_writes = on
+synchronous_commit = on
+autovacuum = on
+autovacuum_naptime = %dms
+max_wal_size = 16GB
+checkpoint_timeout = %ds
+shared_buffers = '%s'
+max_connections = 100
+`, cfg.naptime().Milliseconds(), int(checkpointTimeout.Seconds()), cfg.sharedBuffers)})
+	if err != nil {
+		return r, err
+	}
+	defer cluster.Stop() //nolint:errcheck // best effort; its watchdog removes it otherwise
+
+	admin, err := pgxpool.New(ctx, cluster.URL())
+	if err != nil {
+		return r, err
+	}
+	defer admin.Close()
+	err = admin.QueryRow(ctx, `SELECT split_part(version(), ',', 1), string_agg(name || '=' || current_setting(name), ', ' ORDER BY name)
+FROM pg_settings WHERE name IN ('fsync', 'full_page_writes', 'synchronous_commit', 'wal_compression', 'autovacuum', 'autovacuum_naptime',
+'max_wal_size', 'checkpoint_timeout', 'checkpoint_completion_target', 'shared_buffers', 'wal_level', 'port')`).Scan(&r.server, &r.settings)
+	if err != nil {
+		return r, err
+	}
+	for _, run := range []struct {
+		name string
+		rows int
+		into *steadyRun
+	}{{"empty", 0, &r.empty}, {"full", cfg.rows(), &r.full}} {
+		res, err := steadyTable(ctx, cfg, cluster, admin, run.name, run.rows, prog)
+		if err != nil {
+			return r, fmt.Errorf("steady: %s table: %w", run.name, err)
+		}
+		*run.into = res
+	}
+	r.loadAfter = loadAverage()
+	r.took = time.Since(r.start)
+	r.judge()
+	return r, nil
+}
+
+// steadyTable runs one table in a fresh database: preload, then Process at
+// the fixed rate with RunCleaner, measured over cfg.cycles whole cycles from
+// a CHECKPOINT, then the unthrottled phase.
+func steadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.Cluster, admin *pgxpool.Pool,
+	name string, rows int, prog *progress) (steadyRun, error) {
+	r := steadyRun{name: name, preloaded: rows}
+	db := "steady_" + name
+	if _, err := admin.Exec(ctx, `CREATE DATABASE `+db); err != nil {
+		return r, err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = admin.Exec(dctx, `DROP DATABASE IF EXISTS `+db+` WITH (FORCE)`)
+	}()
+	url := strings.Replace(cluster.URL(), "/postgres?", "/"+db+"?", 1)
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return r, err
+	}
+	pcfg.MaxConns = int32(max(cfg.workers, cfg.tputWorkers) + 2)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return r, err
+	}
+	defer pool.Close()
+	if err := steadySchema(ctx, cfg, pool); err != nil {
+		return r, err
+	}
+	t0 := time.Now()
+	if rows > 0 {
+		prog.step("steady: %s: loading %d rows (rate × Retention, expiries spread over %s)", name, rows, cfg.retention())
+		if err := preloadPlain(ctx, pool, rows, t0, cfg.retention()); err != nil {
+			return r, fmt.Errorf("preload: %w", err)
+		}
+	}
+	for _, sql := range []string{`VACUUM (ANALYZE) processed_messages`, `CHECKPOINT`} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			return r, fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	r.loadTook = time.Since(t0)
+
+	var cleanups, cleanErr, deleted atomic.Int64
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: consumer, Retention: cfg.retention(),
+		OnEvent: func(_ context.Context, e pgdedup.Event) {
+			if e.Kind != pgdedup.EventCleanup {
+				return
+			}
+			cleanups.Add(1)
+			deleted.Add(e.Count)
+			if e.Err != nil {
+				cleanErr.Add(1)
+			}
+		}})
+	if err != nil {
+		return r, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	cleanerDone := make(chan struct{})
+	go func() { defer close(cleanerDone); _ = store.RunCleaner(runCtx, cfg.cleanEach) }()
+	if !cfg.serverCheckpoints() {
+		go func() {
+			t := time.NewTicker(cfg.cycle)
+			defer t.Stop()
+			for {
+				select {
+				case <-runCtx.Done():
+					return
+				case <-t.C:
+					_, _ = admin.Exec(runCtx, `CHECKPOINT`)
+				}
+			}
+		}()
+	}
+
+	l := &soakLoad{cfg: soakConfig{rate: cfg.rate, dupShare: cfg.dupShare, retention: cfg.retention(), workers: cfg.workers},
+		store: store, start: time.Now()}
+	if rows > 0 {
+		l.preloaded = func() (string, bool) { return preloadedID(rows, t0, cfg.retention()) }
+	}
+	sendCtx, stopSending := context.WithCancel(ctx)
+	defer stopSending()
+	loadDone := make(chan struct{})
+	go func() { defer close(loadDone); l.run(sendCtx, ctx) }()
+
+	prog.step("steady: %s: %d msg/s (+%.0f%% redeliveries), cleaner every %s, warm-up of %d cycles of %s",
+		name, cfg.rate, 100*cfg.dupShare, cfg.cleanEach, cfg.warmup, cfg.cycle)
+	if err := sleepCtx(ctx, time.Duration(cfg.warmup)*cfg.cycle); err != nil {
+		return r, err
+	}
+
+	// The measured window: whole cycles from a CHECKPOINT.
+	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		return r, err
+	}
+	before, err := steadySnapshot(ctx, pool, true)
+	if err != nil {
+		return r, err
+	}
+	from := time.Since(l.start)
+	msgs0, deleted0 := l.processed.Load(), deleted.Load()
+	end := time.Now().Add(time.Duration(cfg.cycles) * cfg.cycle)
+	for time.Now().Before(end) {
+		if err := sleepCtx(ctx, min(5*time.Second, time.Until(end))); err != nil {
+			return r, err
+		}
+		s, err := steadySnapshot(ctx, pool, false)
+		if err != nil {
+			return r, err
+		}
+		r.deadMax = max(r.deadMax, s.dead)
+		prog.step("steady: %s: %s of %s: %d rows, %d dead tuples, %d msgs", name, time.Since(l.start)-from,
+			time.Duration(cfg.cycles)*cfg.cycle, s.live, s.dead, l.processed.Load()-msgs0)
+	}
+	after, err := steadySnapshot(ctx, pool, true)
+	if err != nil {
+		return r, err
+	}
+	to := time.Since(l.start)
+	r.window = to - from
+	r.messages, r.deleted = l.processed.Load()-msgs0, deleted.Load()-deleted0
+	lats := l.latBetween(from, to)
+	r.deliveries = int64(len(lats))
+	r.p50, r.p99 = sample{lat: lats}.pct(0.5), sample{lat: lats}.pct(0.99)
+	r.rowsStart, r.rowsEnd = before.rows, after.rows
+	r.walBytes, r.fpi = after.lsn-before.lsn, after.fpi-before.fpi
+	r.checkpoints = after.checkpoints - before.checkpoints
+	r.deadEnd = after.dead
+	r.deadMax = max(r.deadMax, after.dead)
+	r.autovacuums = after.autovacuums - before.autovacuums
+	r.heap, r.indexes = after.heap, after.indexes
+
+	stopSending()
+	<-loadDone
+	r.sent, r.dupsSent, r.dupped, r.processed, r.errors = l.sent.Load(), l.dupsSent.Load(), l.dupped.Load(), l.processed.Load(), l.errors.Load()
+
+	// Throughput: workers as fast as they go, new IDs, the cleaner running.
+	prog.step("steady: %s: %d workers unthrottled for %s", name, cfg.tputWorkers, cfg.tputFor)
+	var tputSeq atomic.Int64
+	s, err := measure(ctx, cfg.tputWorkers, cfg.tputFor, nil, func(ctx context.Context, _ int) error {
+		id := fmt.Sprintf("tput-%09d-%08x", tputSeq.Add(1), rand.Uint32())
+		processed, err := store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
+			return err
+		})
+		if err == nil && !processed {
+			err = errSeenAsDuplicate
+		}
+		return err
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return r, fmt.Errorf("unthrottled phase: %w", err)
+	}
+	r.tput = s.perSec()
+	stop()
+	<-cleanerDone
+	r.cleanErr = cleanErr.Load()
+	err = pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id) FROM soak_ledger WHERE message_id NOT LIKE 'tput-%'`).
+		Scan(&r.ledgerRows, &r.ledgerDistinct)
+	return r, err
+}
+
+// steadySchema migrates the fresh database to cfg.layout, sets the
+// recommended autovacuum scale factors on processed_messages and creates the
+// business table.
+func steadySchema(ctx context.Context, cfg steadyConfig, pool *pgxpool.Pool) error {
+	if cfg.layout != "plain" {
+		return fmt.Errorf("-layout %s: not available on this branch yet (only plain)", cfg.layout)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	err := pgdedup.Migrate(ctx, sqlDB)
+	sqlDB.Close()
+	if err != nil {
+		return err
+	}
+	for _, sql := range []string{
+		`ALTER TABLE processed_messages SET (autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.01)`,
+		`CREATE TABLE soak_ledger (message_id text NOT NULL, amount bigint NOT NULL)`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("%s: %w", strings.SplitN(sql, "\n", 2)[0], err)
+		}
+	}
+	return nil
+}
+
+// preloadPlain loads rows rows into the plain table as rate × Retention of
+// claims would have left them: IDs pre-<n>, keys from pgdedup_key (the same
+// as pgdedup.Key), expiries spread evenly over (t0, t0 + retention], so the
+// cleaner deletes as many rows per second as the claims insert, and the heap
+// in expiry order, as claims append it.
+//
+// As in the growth part, the primary key is built after the load with
+// fillfactor 72: as dense as an index that grew claim by claim (measured 72%
+// with pgstattuple), at the speed of a sorted build.
+func preloadPlain(ctx context.Context, pool *pgxpool.Pool, rows int, t0 time.Time, retention time.Duration) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	step := retention.Seconds() / float64(rows)
+	sqls := []string{
+		`ALTER TABLE processed_messages DROP CONSTRAINT processed_messages_pkey`,
+		`DROP INDEX processed_messages_expires_at_idx`,
+	}
+	const chunk = 500_000
+	for lo := 1; lo <= rows; lo += chunk {
+		sqls = append(sqls, fmt.Sprintf(`INSERT INTO processed_messages (key, consumer, message_id, processed_at, expires_at)
+SELECT pgdedup_key($1, id), $1, id, e - $2::float8 * interval '1 second', e
+FROM (SELECT 'pre-' || g AS id, $3::timestamptz + g * $4::float8 * interval '1 second' AS e
+      FROM generate_series(%d, %d) g) s`, lo, min(lo+chunk-1, rows)))
+	}
+	sqls = append(sqls,
+		`SET maintenance_work_mem = '512MB'`,
+		`CREATE UNIQUE INDEX processed_messages_pkey ON processed_messages (key) WITH (fillfactor = 72)`,
+		`ALTER TABLE processed_messages ADD CONSTRAINT processed_messages_pkey PRIMARY KEY USING INDEX processed_messages_pkey`,
+		`ALTER INDEX processed_messages_pkey RESET (fillfactor)`,
+		`CREATE INDEX processed_messages_expires_at_idx ON processed_messages (expires_at)`,
+		`RESET maintenance_work_mem`,
+	)
+	for _, sql := range sqls {
+		var args []any
+		if strings.HasPrefix(sql, "INSERT") {
+			args = []any{consumer, retention.Seconds(), t0, step}
+		}
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			return fmt.Errorf("%s: %w", strings.SplitN(sql, "\n", 2)[0], err)
+		}
+	}
+	return nil
+}
+
+// preloadedID picks a preloaded ID that expires between a quarter and all
+// of the Retention from now: still a duplicate when redelivered.
+func preloadedID(rows int, t0 time.Time, retention time.Duration) (string, bool) {
+	elapsed := time.Since(t0).Seconds() / retention.Seconds() // share of the rows expired by now
+	lo := int(float64(rows)*(elapsed+0.25)) + 1
+	if lo > rows {
+		return "", false
+	}
+	return fmt.Sprintf("pre-%d", lo+rand.N(rows-lo+1)), true
+}
+
+// steadySnap is the cluster's and the table's state at one moment.
+type steadySnap struct {
+	lsn, fpi, checkpoints   int64
+	rows                    int64 // count(*), when asked
+	live, dead, autovacuums int64 // pg_stat_user_tables, summed over partitions
+	heap, indexes           int64
+}
+
+// steadySnapshot reads s; count asks for an exact row count too.
+func steadySnapshot(ctx context.Context, pool *pgxpool.Pool, count bool) (steadySnap, error) {
+	var s steadySnap
+	// The table and its partitions, if any (pg_indexes_size of a partitioned
+	// table is 0: its partitions hold the indexes).
+	err := pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint, (SELECT wal_fpi FROM pg_stat_wal),
+(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
+coalesce(sum(n_live_tup), 0)::bigint, coalesce(sum(n_dead_tup), 0)::bigint, coalesce(sum(autovacuum_count), 0)::bigint,
+coalesce(sum(pg_table_size(relid)), 0)::bigint, coalesce(sum(pg_indexes_size(relid)), 0)::bigint
+FROM pg_stat_user_tables WHERE relid IN (SELECT 'processed_messages'::regclass
+    UNION ALL SELECT inhrelid FROM pg_inherits WHERE inhparent = 'processed_messages'::regclass)`).
+		Scan(&s.lsn, &s.fpi, &s.checkpoints, &s.live, &s.dead, &s.autovacuums, &s.heap, &s.indexes)
+	if err != nil {
+		return s, fmt.Errorf("snapshot: %w", err)
+	}
+	if count {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages`).Scan(&s.rows); err != nil {
+			return s, fmt.Errorf("snapshot: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// judge fills in r.checks: exactness always; for the partitioned layout,
+// no dead tuples left by retention.
+func (r *steadyResult) judge() {
+	add := func(key string, ok bool, format string, args ...any) {
+		r.checks = append(r.checks, soakCheck{key, fmt.Sprintf(format, args...), ok})
+	}
+	for _, t := range []steadyRun{r.empty, r.full} {
+		want := int64(float64(r.cfg.rate) * 0.95 * float64(time.Duration(r.cfg.warmup+r.cfg.cycles)*r.cfg.cycle) / float64(time.Second))
+		add(t.name+" rate", t.sent >= want, "%s table: rate held: %d new messages sent, ≥ 95%% of rate × run time (%d)", t.name, t.sent, want)
+		add(t.name+" errors", t.errors == 0 && t.cleanErr == 0, "%s table: no errors: %d Process, %d cleanup runs", t.name, t.errors, t.cleanErr)
+		add(t.name+" dups", t.dupped == t.dupsSent && t.processed == t.sent && t.ledgerRows == t.sent && t.ledgerDistinct == t.sent,
+			"%s table: none lost, none doubled: %d new messages, %d processed, %d business rows (%d distinct); %d redeliveries sent, %d skipped",
+			t.name, t.sent, t.processed, t.ledgerRows, t.ledgerDistinct, t.dupsSent, t.dupped)
+	}
+	if r.cfg.layout == "partitioned" {
+		add("dead", r.full.deadMax == 0, "full table: no dead tuples left by retention (partitions dropped): at most %d in the window", r.full.deadMax)
+	}
+}
