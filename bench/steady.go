@@ -52,7 +52,7 @@ func (c steadyConfig) serverCheckpoints() bool { return c.cycle >= 30*time.Secon
 // naptime is autovacuum_naptime compressed like the cycle: production's
 // default 1 min against a 15 min checkpoint cycle, 1 s at least.
 func (c steadyConfig) naptime() time.Duration {
-	return max(time.Second, (time.Minute*c.cycle/(15*time.Minute)).Round(time.Second))
+	return max(time.Second, (time.Minute * c.cycle / (15 * time.Minute)).Round(time.Second))
 }
 
 func (c steadyConfig) validate() error {
