@@ -116,7 +116,7 @@ func (b *bench) close() {
 
 // record claims n IDs for the duplicate path.
 func (b *bench) record(ctx context.Context, n int) error {
-	store, err := pgdedup.New(b.admin, pgdedup.Config{Consumer: consumer})
+	store, err := pgdedup.New(b.admin, pgdedup.Config{Consumer: consumer, MaxBatch: max(n, pgdedup.DefaultMaxBatch)}) // one batch
 	if err != nil {
 		return err
 	}

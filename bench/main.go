@@ -161,7 +161,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			set := map[string]bool{}
 			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 			for name, value := range map[string]string{"steady-rate": "100", "steady-ratio": "8", "steady-cycle": "5s",
-				"steady-cycles": "2", "steady-tput-for": "3s", "steady-shared-buffers": "128MB"} {
+				"steady-cycles": "2", "steady-tput-for": "4s", "steady-shared-buffers": "128MB"} {
 				if !set[name] {
 					if err := fs.Set(name, value); err != nil {
 						return c, err

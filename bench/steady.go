@@ -52,7 +52,7 @@ func (c steadyConfig) serverCheckpoints() bool { return c.cycle >= 30*time.Secon
 // naptime is autovacuum_naptime compressed like the cycle: production's
 // default 1 min against a 15 min checkpoint cycle, 1 s at least.
 func (c steadyConfig) naptime() time.Duration {
-	return max(time.Second, (time.Minute * c.cycle / (15 * time.Minute)).Round(time.Second))
+	return max(time.Second, (c.cycle / 15).Round(time.Second))
 }
 
 func (c steadyConfig) validate() error {
@@ -116,6 +116,8 @@ type steadyResult struct {
 	server                string // version
 	settings              string
 	empty, full           steadyRun
+	tputRatios            []float64 // full ÷ empty, of each unthrottled round
+	tputRatio             float64   // their median
 	checks                []soakCheck
 }
 
@@ -165,94 +167,153 @@ FROM pg_settings WHERE name IN ('fsync', 'full_page_writes', 'synchronous_commit
 	if err != nil {
 		return r, err
 	}
-	for _, run := range []struct {
-		name string
-		rows int
-		into *steadyRun
-	}{{"empty", 0, &r.empty}, {"full", cfg.rows(), &r.full}} {
-		res, err := steadyTable(ctx, cfg, cluster, admin, run.name, run.rows, prog)
-		if err != nil {
-			return r, fmt.Errorf("steady: %s table: %w", run.name, err)
-		}
-		*run.into = res
+	empty, err := startSteadyTable(ctx, cfg, cluster, admin, "empty", 0, prog)
+	if err != nil {
+		return r, fmt.Errorf("steady: empty table: %w", err)
 	}
+	defer empty.close()
+	full, err := startSteadyTable(ctx, cfg, cluster, admin, "full", cfg.rows(), prog)
+	if err != nil {
+		return r, fmt.Errorf("steady: full table: %w", err)
+	}
+	defer full.close()
+	if err := steadyThroughput(ctx, cfg, []*steadyTable{empty, full}, prog); err != nil {
+		return r, err
+	}
+	for _, t := range []*steadyTable{empty, full} {
+		if err := t.finish(ctx); err != nil {
+			return r, fmt.Errorf("steady: %s table: %w", t.run.name, err)
+		}
+	}
+	r.empty, r.full = empty.run, full.run
+	for i := range min(len(empty.tputs), len(full.tputs)) {
+		r.tputRatios = append(r.tputRatios, full.tputs[i]/max(empty.tputs[i], 1))
+	}
+	r.tputRatio = median(r.tputRatios)
 	r.loadAfter = loadAverage()
 	r.took = time.Since(r.start)
 	r.judge()
 	return r, nil
 }
 
-// steadyTable runs one table in a fresh database: preload, then Process at
-// the fixed rate with RunCleaner, measured over cfg.cycles whole cycles from
-// a CHECKPOINT, then the unthrottled phase.
-func steadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.Cluster, admin *pgxpool.Pool,
-	name string, rows int, prog *progress) (steadyRun, error) {
-	r := steadyRun{name: name, preloaded: rows}
-	db := "steady_" + name
-	if _, err := admin.Exec(ctx, `CREATE DATABASE `+db); err != nil {
-		return r, err
+// steadyTable is one table's database, its Store and its cleaner.
+type steadyTable struct {
+	run       steadyRun
+	db        string
+	admin     *pgxpool.Pool
+	pool      *pgxpool.Pool
+	store     *pgdedup.Store
+	cleanEa   time.Duration
+	stopClean func() // stops RunCleaner and waits for it
+	cleanErr  atomic.Int64
+	deleted   atomic.Int64
+	tputSeq   atomic.Int64
+	tputs     []float64 // messages/s of each unthrottled round
+}
+
+// startCleaner starts RunCleaner; stopClean stops it.
+func (t *steadyTable) startCleaner(ctx context.Context) {
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = t.store.RunCleaner(ctx, t.cleanEa) }()
+	t.stopClean = func() { stop(); <-done }
+}
+
+// close stops the cleaner and drops the database.
+func (t *steadyTable) close() {
+	if t.stopClean != nil {
+		t.stopClean()
+		t.stopClean = nil
+	}
+	if t.pool != nil {
+		t.pool.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _ = t.admin.Exec(ctx, `DROP DATABASE IF EXISTS `+t.db+` WITH (FORCE)`)
+}
+
+// finish stops the cleaner and counts the business rows of the fixed-rate
+// phases (not the unthrottled rounds').
+func (t *steadyTable) finish(ctx context.Context) error {
+	if t.stopClean != nil {
+		t.stopClean()
+		t.stopClean = nil
+	}
+	t.run.cleanErr = t.cleanErr.Load()
+	t.run.tput = median(t.tputs)
+	return t.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id) FROM soak_ledger WHERE message_id NOT LIKE 'tput-%'`).
+		Scan(&t.run.ledgerRows, &t.run.ledgerDistinct)
+}
+
+// startSteadyTable creates the table in a fresh database, preloads it, and
+// runs Process at the fixed rate with RunCleaner, measured over cfg.cycles
+// whole cycles from a CHECKPOINT. The cleaner is stopped at the end of the
+// window, so that this table writes nothing while the next one is measured.
+func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.Cluster, admin *pgxpool.Pool,
+	name string, rows int, prog *progress) (t *steadyTable, err error) {
+	t = &steadyTable{run: steadyRun{name: name, preloaded: rows}, db: "steady_" + name, admin: admin, cleanEa: cfg.cleanEach}
+	r := &t.run
+	if _, err := admin.Exec(ctx, `CREATE DATABASE `+t.db); err != nil {
+		return nil, err
 	}
 	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = admin.Exec(dctx, `DROP DATABASE IF EXISTS `+db+` WITH (FORCE)`)
+		if err != nil {
+			t.close()
+		}
 	}()
-	url := strings.Replace(cluster.URL(), "/postgres?", "/"+db+"?", 1)
+	url := strings.Replace(cluster.URL(), "/postgres?", "/"+t.db+"?", 1)
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return r, err
+		return nil, err
 	}
 	pcfg.MaxConns = int32(max(cfg.workers, cfg.tputWorkers) + 2)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return r, err
+	if t.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return nil, err
 	}
-	defer pool.Close()
+	pool := t.pool
 	if err := steadySchema(ctx, cfg, pool); err != nil {
-		return r, err
+		return nil, err
 	}
 	t0 := time.Now()
 	if rows > 0 {
 		prog.step("steady: %s: loading %d rows (rate × Retention, expiries spread over %s)", name, rows, cfg.retention())
 		if err := preloadPlain(ctx, pool, rows, t0, cfg.retention()); err != nil {
-			return r, fmt.Errorf("preload: %w", err)
+			return nil, fmt.Errorf("preload: %w", err)
 		}
 	}
 	for _, sql := range []string{`VACUUM (ANALYZE) processed_messages`, `CHECKPOINT`} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
-			return r, fmt.Errorf("%s: %w", sql, err)
+			return nil, fmt.Errorf("%s: %w", sql, err)
 		}
 	}
 	r.loadTook = time.Since(t0)
 
-	var cleanups, cleanErr, deleted atomic.Int64
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: consumer, Retention: cfg.retention(),
+	t.store, err = pgdedup.New(pool, pgdedup.Config{Consumer: consumer, Retention: cfg.retention(),
 		OnEvent: func(_ context.Context, e pgdedup.Event) {
 			if e.Kind != pgdedup.EventCleanup {
 				return
 			}
-			cleanups.Add(1)
-			deleted.Add(e.Count)
+			t.deleted.Add(e.Count)
 			if e.Err != nil {
-				cleanErr.Add(1)
+				t.cleanErr.Add(1)
 			}
 		}})
 	if err != nil {
-		return r, err
+		return nil, err
 	}
+	t.startCleaner(ctx)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	cleanerDone := make(chan struct{})
-	go func() { defer close(cleanerDone); _ = store.RunCleaner(runCtx, cfg.cleanEach) }()
 	if !cfg.serverCheckpoints() {
 		go func() {
-			t := time.NewTicker(cfg.cycle)
-			defer t.Stop()
+			tick := time.NewTicker(cfg.cycle)
+			defer tick.Stop()
 			for {
 				select {
 				case <-runCtx.Done():
 					return
-				case <-t.C:
+				case <-tick.C:
 					_, _ = admin.Exec(runCtx, `CHECKPOINT`)
 				}
 			}
@@ -260,7 +321,7 @@ func steadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.Cluste
 	}
 
 	l := &soakLoad{cfg: soakConfig{rate: cfg.rate, dupShare: cfg.dupShare, retention: cfg.retention(), workers: cfg.workers},
-		store: store, start: time.Now()}
+		store: t.store, start: time.Now()}
 	if rows > 0 {
 		l.preloaded = func() (string, bool) { return preloadedID(rows, t0, cfg.retention()) }
 	}
@@ -272,39 +333,39 @@ func steadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.Cluste
 	prog.step("steady: %s: %d msg/s (+%.0f%% redeliveries), cleaner every %s, warm-up of %d cycles of %s",
 		name, cfg.rate, 100*cfg.dupShare, cfg.cleanEach, cfg.warmup, cfg.cycle)
 	if err := sleepCtx(ctx, time.Duration(cfg.warmup)*cfg.cycle); err != nil {
-		return r, err
+		return nil, err
 	}
 
 	// The measured window: whole cycles from a CHECKPOINT.
 	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
-		return r, err
+		return nil, err
 	}
 	before, err := steadySnapshot(ctx, pool, true)
 	if err != nil {
-		return r, err
+		return nil, err
 	}
 	from := time.Since(l.start)
-	msgs0, deleted0 := l.processed.Load(), deleted.Load()
+	msgs0, deleted0 := l.processed.Load(), t.deleted.Load()
 	end := time.Now().Add(time.Duration(cfg.cycles) * cfg.cycle)
 	for time.Now().Before(end) {
 		if err := sleepCtx(ctx, min(5*time.Second, time.Until(end))); err != nil {
-			return r, err
+			return nil, err
 		}
 		s, err := steadySnapshot(ctx, pool, false)
 		if err != nil {
-			return r, err
+			return nil, err
 		}
 		r.deadMax = max(r.deadMax, s.dead)
-		prog.step("steady: %s: %s of %s: %d rows, %d dead tuples, %d msgs", name, time.Since(l.start)-from,
+		prog.step("steady: %s: %s of %s: %d rows, %d dead tuples, %d msgs", name, (time.Since(l.start) - from).Round(time.Second),
 			time.Duration(cfg.cycles)*cfg.cycle, s.live, s.dead, l.processed.Load()-msgs0)
 	}
 	after, err := steadySnapshot(ctx, pool, true)
 	if err != nil {
-		return r, err
+		return nil, err
 	}
 	to := time.Since(l.start)
 	r.window = to - from
-	r.messages, r.deleted = l.processed.Load()-msgs0, deleted.Load()-deleted0
+	r.messages, r.deleted = l.processed.Load()-msgs0, t.deleted.Load()-deleted0
 	lats := l.latBetween(from, to)
 	r.deliveries = int64(len(lats))
 	r.p50, r.p99 = sample{lat: lats}.pct(0.5), sample{lat: lats}.pct(0.99)
@@ -318,32 +379,45 @@ func steadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.Cluste
 
 	stopSending()
 	<-loadDone
+	t.stopClean()
+	t.stopClean = nil
 	r.sent, r.dupsSent, r.dupped, r.processed, r.errors = l.sent.Load(), l.dupsSent.Load(), l.dupped.Load(), l.processed.Load(), l.errors.Load()
+	return t, nil
+}
 
-	// Throughput: workers as fast as they go, new IDs, the cleaner running.
-	prog.step("steady: %s: %d workers unthrottled for %s", name, cfg.tputWorkers, cfg.tputFor)
-	var tputSeq atomic.Int64
-	s, err := measure(ctx, cfg.tputWorkers, cfg.tputFor, nil, func(ctx context.Context, _ int) error {
-		id := fmt.Sprintf("tput-%09d-%08x", tputSeq.Add(1), rand.Uint32())
-		processed, err := store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
-			return err
-		})
-		if err == nil && !processed {
-			err = errSeenAsDuplicate
-		}
-		return err
-	})
-	if err != nil && !errors.Is(err, context.Canceled) {
-		return r, fmt.Errorf("unthrottled phase: %w", err)
+// steadyRounds is how many rounds the unthrottled phase takes per table.
+const steadyRounds = 4
+
+// steadyThroughput measures each table's throughput with cfg.tputWorkers
+// unthrottled, new IDs and its cleaner running, in interleaved rounds (the
+// order rotating) so that a change in the machine's load falls on both.
+func steadyThroughput(ctx context.Context, cfg steadyConfig, tables []*steadyTable, prog *progress) error {
+	for _, t := range tables {
+		t.startCleaner(ctx)
 	}
-	r.tput = s.perSec()
-	stop()
-	<-cleanerDone
-	r.cleanErr = cleanErr.Load()
-	err = pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id) FROM soak_ledger WHERE message_id NOT LIKE 'tput-%'`).
-		Scan(&r.ledgerRows, &r.ledgerDistinct)
-	return r, err
+	round := cfg.tputFor / steadyRounds
+	for i := range steadyRounds {
+		prog.step("steady: round %d of %d: %d workers unthrottled, %s per table", i+1, steadyRounds, cfg.tputWorkers, round)
+		for j := range tables {
+			t := tables[(i+j)%len(tables)]
+			s, err := measure(ctx, cfg.tputWorkers, round, nil, func(ctx context.Context, _ int) error {
+				id := fmt.Sprintf("tput-%09d-%08x", t.tputSeq.Add(1), rand.Uint32())
+				processed, err := t.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
+					return err
+				})
+				if err == nil && !processed {
+					err = errSeenAsDuplicate
+				}
+				return err
+			})
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("steady: %s table, unthrottled: %w", t.run.name, err)
+			}
+			t.tputs = append(t.tputs, s.perSec())
+		}
+	}
+	return nil
 }
 
 // steadySchema migrates the fresh database to cfg.layout, sets the

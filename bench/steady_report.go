@@ -36,8 +36,10 @@ func (r steadyResult) markdown() string {
 	p("- Measured: %d warm-up cycles, then a `CHECKPOINT` and %d whole cycles. WAL is the `pg_current_wal_lsn()` "+
 		"difference and images the `pg_stat_wal.wal_fpi` difference over the window, everything the cluster wrote "+
 		"(claims, business rows, cleanup, autovacuum), divided by the new messages processed in it. "+
-		"Latency is each `Process` call in the window, redeliveries included. Throughput: %d workers unthrottled "+
-		"for %s after the window, new IDs, the cleaner running\n\n", c.warmup, c.cycles, c.tputWorkers, c.tputFor)
+		"Latency is each `Process` call in the window, redeliveries included. Throughput: %d workers unthrottled, "+
+		"new IDs, each table's cleaner running, after both windows, in %d interleaved rounds of %s per table (the order "+
+		"rotating), so that a change in the machine's load falls on both; the median round, and the median of the "+
+		"rounds' ratios\n\n", c.warmup, c.cycles, c.tputWorkers, steadyRounds, c.tputFor/steadyRounds)
 
 	e, f := r.empty, r.full
 	ratio := func(a, b float64) string {
@@ -58,7 +60,7 @@ func (r steadyResult) markdown() string {
 			count(t.walPerMsg()), t.fpiPerMsg(), ms(t.p50), ms(t.p99), count(t.tput), count(float64(t.deadMax)), count(float64(t.deadEnd)))
 	}
 	p("| steady ÷ empty | | **%s** | | %s | **%s** | **%s** | |\n\n",
-		ratio(f.walPerMsg(), e.walPerMsg()), ratio(float64(f.p50), float64(e.p50)), ratio(float64(f.p99), float64(e.p99)), ratio(f.tput, e.tput))
+		ratio(f.walPerMsg(), e.walPerMsg()), ratio(float64(f.p50), float64(e.p50)), ratio(float64(f.p99), float64(e.p99)), fmt.Sprintf("%.2f×", r.tputRatio))
 
 	p("| detail | empty | steady state |\n|---|--:|--:|\n")
 	row := func(name string, fn func(steadyRun) string) { p("| %s | %s | %s |\n", name, fn(e), fn(f)) }
