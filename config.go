@@ -82,6 +82,20 @@ type Config struct {
 	// ErrCleanupStarved. A cron job (`pgdedup cleanup`) should wait.
 	CleanupTurnWait time.Duration
 
+	// Layout is the shape of the dedup table that [Store.Setup] creates:
+	// [Plain] (the default) or [Partitioned]. Claims, Cleanup and Stats
+	// follow the table as they find it, whatever Layout says; Layout only
+	// decides what Setup makes. See docs/partitioning.md.
+	Layout Layout
+
+	// Partitions is how many partitions of the [Partitioned] layout span one
+	// Retention: each covers Retention ÷ Partitions of claim time (at least
+	// [MinPartitionSpan]). More, smaller partitions keep the index a claim
+	// writes to smaller (less WAL), at the price of one more index probe per
+	// claim for each. Defaults to [DefaultPartitions], 12. Fixed when Setup
+	// creates the table: later Stores follow the table's span.
+	Partitions int
+
 	// OffsetTable is the table of last processed offsets used by
 	// [Store.ProcessOffsets] and the other offset calls, optionally
 	// schema-qualified, with the same rules as Table. Defaults to
@@ -97,6 +111,9 @@ const (
 	DefaultMaxAttempts      = 3                    // Config.MaxAttempts
 	DefaultMaxBatch         = 10_000               // Config.MaxBatch
 	DefaultCleanupBatchSize = 10_000               // Config.CleanupBatchSize
+	DefaultPartitions       = 12                   // Config.Partitions
+
+	MinPartitionSpan = 100 * time.Millisecond // the shortest Retention ÷ Partitions accepted
 
 	MinRetention   = time.Second // the shortest Config.Retention accepted
 	MaxConsumerLen = 255         // the longest Config.Consumer accepted, in bytes
@@ -117,6 +134,7 @@ func (cfg Config) withDefaults(table pgx.Identifier) Config {
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, DefaultMaxBatch)
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, DefaultCleanupBatchSize)
+	cfg.Partitions = cmp.Or(cfg.Partitions, DefaultPartitions)
 	cfg.OffsetTable = cmp.Or(cfg.OffsetTable, defaultOffsetTable(table))
 	return cfg
 }
@@ -154,12 +172,46 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("CleanupBatchSize", "must not be negative, got %d", cfg.CleanupBatchSize)
 	case cfg.CleanupTurnWait < 0:
 		return nil, nil, bad("CleanupTurnWait", "must not be negative, got %s", cfg.CleanupTurnWait)
+	case cfg.Layout != Plain && cfg.Layout != Partitioned:
+		return nil, nil, bad("Layout", "is %d, neither Plain nor Partitioned", int(cfg.Layout))
+	case cfg.Partitions < 0:
+		return nil, nil, bad("Partitions", "must not be negative, got %d", cfg.Partitions)
+	case cfg.Layout == Partitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
+		return nil, nil, bad("Partitions", "%d would make partitions of %s, shorter than %s", cmp.Or(cfg.Partitions, DefaultPartitions),
+			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
 	}
 	if table, err = parseTable("Table", cmp.Or(cfg.Table, DefaultTable)); err != nil {
 		return nil, nil, err
 	}
 	offsets, err = parseTable("OffsetTable", cmp.Or(cfg.OffsetTable, defaultOffsetTable(table)))
 	return table, offsets, err
+}
+
+// Layout is the shape of the dedup table: see [Config.Layout].
+type Layout int
+
+// The layouts of the dedup table.
+const (
+	// Plain is one table with one unique index on key, as [Migrate] creates
+	// it; Cleanup deletes expired rows.
+	Plain Layout = iota
+	// Partitioned is a table partitioned by claim time, one partition per
+	// Retention ÷ [Config.Partitions]: a claim writes to the current
+	// partition's small index, and Cleanup forgets old IDs by dropping whole
+	// partitions. Plain PostgreSQL only (not Citus). See [Store.Setup] and
+	// docs/partitioning.md.
+	Partitioned
+)
+
+// String returns "plain" or "partitioned".
+func (l Layout) String() string {
+	switch l {
+	case Plain:
+		return "plain"
+	case Partitioned:
+		return "partitioned"
+	}
+	return fmt.Sprintf("Layout(%d)", int(l))
 }
 
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)

@@ -60,14 +60,16 @@ func (ls *layouts) transient(err error) error {
 // The look-up, without referencing Citus's catalog (absent on plain
 // PostgreSQL) in the first statement.
 const (
-	layoutQuery      = `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL, to_regclass($1) IS NOT NULL`
+	layoutQuery = `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL, to_regclass($1) IS NOT NULL,
+coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
 	citusLayoutQuery = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1)),
 EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($2))`
 )
 
 // layouts returns the layouts of the Store's tables, looking them up with
 // query on first use: one query on plain PostgreSQL, two where Citus is
-// installed, once per Store. A missing table is not remembered: the claim
+// installed, once per Store. A partitioned table (relkind p) has the
+// partitioned layout whatever Config.Layout says. A missing table is not remembered: the claim
 // that follows reports it. A table distributed after the Store's first use
 // keeps its plain layout until the Store is recreated: distribute before
 // starting consumers.
@@ -75,8 +77,8 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 	if ls := s.found.Load(); ls != nil {
 		return ls, nil
 	}
-	var citusInstalled, exists, messagesOnCitus, offsetsOnCitus bool
-	if err := query(ctx, layoutQuery, []any{s.messages.table}, &citusInstalled, &exists); err != nil {
+	var citusInstalled, exists, partitioned, messagesOnCitus, offsetsOnCitus bool
+	if err := query(ctx, layoutQuery, []any{s.messages.table}, &citusInstalled, &exists, &partitioned); err != nil {
 		return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s: %w", s.messages.table, withDetail(err)))
 	}
 	if citusInstalled {
@@ -85,8 +87,15 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 		}
 	}
 	ls := &layouts{messages: plainLayout{plainPlacement(s.messages.lockTimeoutMS)}, offsets: plainPlacement(s.messages.lockTimeoutMS)}
-	if messagesOnCitus {
+	switch {
+	case messagesOnCitus && partitioned:
+		return nil, fmt.Errorf("pgdedup: %s is partitioned and distributed by Citus: the Partitioned layout runs on plain PostgreSQL only", s.messages.table)
+	case messagesOnCitus:
 		ls.messages = newCitusLayout(s.messages)
+	case partitioned:
+		ls.messages = newPartitionedLayout(s.messages, s.partitionMeta)
+	case exists && s.cfg.Layout == Partitioned:
+		return nil, fmt.Errorf("pgdedup: Config.Layout is Partitioned but %s is a plain table: call Store.Setup once (as the table's owner) before claiming", s.messages.table)
 	}
 	if offsetsOnCitus {
 		ls.offsets = citusPlacement(s.messages.lockTimeoutMS)

@@ -29,7 +29,12 @@ type Store struct {
 	log      *slog.Logger
 	messages messageStatements
 	offsets  offsetStatements
-	found    atomic.Pointer[layouts] // looked up on first use: see Store.layouts
+	// partitionMeta is the quoted pgdedup_partitions beside the table
+	// (partitioned.go).
+	partitionMeta string
+	found         atomic.Pointer[layouts] // looked up on first use: see Store.layouts
+
+	waits partitionWaits // partition_cleanup.go
 
 	turn turnWatch // Cleanup runs that found the cleaners' turn taken: cleanup_turn.go
 }
@@ -51,8 +56,9 @@ func New(db DB, cfg Config) (*Store, error) {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &Store{db: db, cfg: cfg, log: logger,
-		messages: newMessageStatements(table, cfg.Retention, cfg.LockTimeout),
-		offsets:  newOffsetStatements(offsetTable),
+		messages:      newMessageStatements(table, cfg.Retention, cfg.LockTimeout),
+		offsets:       newOffsetStatements(offsetTable),
+		partitionMeta: partitionMeta(table),
 	}, nil
 }
 

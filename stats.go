@@ -35,6 +35,15 @@ type Stats struct {
 	// Their sizes add up to IndexBytes.
 	Indexes []IndexStats `json:"indexes"`
 
+	// PartitionSpan, SealedBefore and Partitions describe a table of the
+	// [Partitioned] layout (zero otherwise): the claim time each partition
+	// covers, the time before which partitions are sealed (claims look them
+	// up rather than insert into them), and the partitions by time. Sizes
+	// and DeadTuples above are then the partitions' total; Indexes is empty.
+	PartitionSpan time.Duration    `json:"partition_span,omitempty"`
+	SealedBefore  *time.Time       `json:"sealed_before,omitempty"`
+	Partitions    []PartitionStats `json:"partitions,omitempty"`
+
 	// Consumers has one entry per consumer with rows, ordered by name; it is
 	// empty, not nil, for an empty table.
 	Consumers []ConsumerStats `json:"consumers"`
@@ -45,6 +54,17 @@ type IndexStats struct {
 	Name   string `json:"name"`
 	Method string `json:"method"` // btree, brin, hash…
 	Bytes  int64  `json:"bytes"`  // all its forks (pg_total_relation_size of the index)
+}
+
+// PartitionStats is one partition of a [Partitioned] table in [Stats].
+type PartitionStats struct {
+	Name      string    `json:"name"`
+	From      time.Time `json:"from"` // the claim times it holds: From ≤ processed_at < To
+	To        time.Time `json:"to"`
+	Sealed    bool      `json:"sealed"`    // claims look it up instead of inserting into it
+	Detaching bool      `json:"detaching"` // an interrupted DETACH CONCURRENTLY: the next Cleanup finishes it
+	Rows      int64     `json:"rows"`      // counted, hand-over copies included (docs/partitioning.md)
+	Bytes     int64     `json:"bytes"`     // table and indexes
 }
 
 // ConsumerStats are one consumer's rows in [Stats].

@@ -1,0 +1,392 @@
+package pgdedup
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Cleanup of the partitioned layout (partitioned.go): no DELETE. Each run
+// creates the partitions of the next spans, seals the partitions before the
+// current one, and detaches and drops the sealed partitions whose rows have
+// all expired. None of it takes a lock a claim waits for: CREATE TABLE of a
+// partition and its indexes lock only the new table, ATTACH and DETACH …
+// CONCURRENTLY take SHARE UPDATE EXCLUSIVE on the parent (claims take ROW
+// EXCLUSIVE, which it does not conflict with), and DROP TABLE locks only the
+// detached partition, which no claim reads any more.
+
+// partitionsAhead is how many partitions after the current one Cleanup keeps
+// created: claims fail (no partition for their time) if no Cleanup runs for
+// that many spans. Every partition that exists is locked by every claim's
+// look-up (PostgreSQL locks all partitions of a generic plan), so the count
+// is kept small.
+const partitionsAhead = 3
+
+// defaultSealWait is how long one Cleanup waits for the transactions that
+// hold a lock on the table to end before it seals; if some are still open,
+// the next run tries again. defaultDetachWait bounds one DETACH …
+// CONCURRENTLY (or FINALIZE) likewise. Tests set shorter ones per Store.
+const (
+	defaultSealWait   = 5 * time.Second
+	defaultDetachWait = 5 * time.Second
+)
+
+// partitionWaits are a Store's sealWait and detachWait; zero: the defaults.
+type partitionWaits struct{ seal, detach time.Duration }
+
+// partitionState is the table's row in pgdedup_partitions and its
+// partitions, as one Cleanup run reads them.
+type partitionState struct {
+	span    time.Duration
+	sealed  time.Time // every partition ending at or before it is sealed
+	current time.Time // where the partition of the database's clock starts
+	schema  string    // the parent's schema and name
+	name    string
+	parts   []partitionInfo // by start
+}
+
+// partitionInfo is one partition of the table.
+type partitionInfo struct {
+	oid     uint32
+	name    string // unquoted; in the parent's schema
+	from    time.Time
+	to      time.Time
+	pending bool  // DETACH … CONCURRENTLY interrupted: FINALIZE is left
+	rows    int64 // PostgreSQL's estimate (pg_class.reltuples)
+}
+
+func (st *partitionState) quoted(name string) string {
+	return pgx.Identifier{st.schema, name}.Sanitize()
+}
+
+// readPartitions reads the table's partitioning.
+func (s *Store) readPartitions(ctx context.Context) (*partitionState, error) {
+	st := &partitionState{}
+	err := s.db.QueryRow(ctx, `SELECT p.span, p.sealed, pg_catalog.date_bin(p.span, pg_catalog.clock_timestamp(), `+partitionOrigin+`),
+n.nspname::text, c.relname::text
+FROM `+s.partitionMeta+` p JOIN pg_catalog.pg_class c ON c.oid = p.parent::pg_catalog.oid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE p.parent = '`+s.messages.table+`'::pg_catalog.regclass`).Scan(&st.span, &st.sealed, &st.current, &st.schema, &st.name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("pgdedup: %s is partitioned but %s has no row for it: run Store.Setup", s.messages.table, s.partitionMeta)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgdedup: read the partitioning of %s: %w", s.messages.table, withDetail(err))
+	}
+	rows, _ := s.db.Query(ctx, `SELECT c.oid, c.relname::text, i.inhdetachpending, b.m[1]::pg_catalog.timestamptz, b.m[2]::pg_catalog.timestamptz,
+GREATEST(c.reltuples, 0)::bigint
+FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+CROSS JOIN LATERAL pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
+  'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS b(m)
+WHERE i.inhparent = '`+s.messages.table+`'::pg_catalog.regclass ORDER BY 3`)
+	var p partitionInfo
+	_, err = pgx.ForEachRow(rows, []any{&p.oid, &p.name, &p.pending, &p.from, &p.to, &p.rows}, func() error {
+		st.parts = append(st.parts, p)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgdedup: read the partitions of %s: %w", s.messages.table, withDetail(err))
+	}
+	return st, nil
+}
+
+// cleanupPartitioned is Cleanup on the partitioned layout; deleted is the
+// rows of the partitions it dropped (PostgreSQL's estimates).
+func (s *Store) cleanupPartitioned(ctx context.Context) (deleted int64, skipped bool, err error) {
+	created, err := s.createPartitions(ctx, 0)
+	if err != nil {
+		return 0, false, err
+	}
+	st, err := s.readPartitions(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	sealedBefore, waiting, err := s.sealPartitions(ctx, st)
+	if err != nil {
+		return 0, false, err
+	}
+	dropped, deleted, err := s.dropPartitions(ctx, st)
+	s.log.InfoContext(ctx, "pgdedup: partitions", "table", s.messages.table, "created", created,
+		"sealed_before", sealedBefore.UTC(), "seal_waits_for", waiting, "dropped", dropped, "rows_dropped", deleted)
+	return deleted, false, err
+}
+
+// partitionName is the name of the partition starting at from: the parent's
+// name (cut to 30 bytes) and from in UTC, so that names sort by time.
+func partitionName(parent string, from time.Time) string {
+	if len(parent) > 30 {
+		parent = parent[:30]
+	}
+	name := parent + "_p" + from.UTC().Format("20060102T150405")
+	if ms := from.Nanosecond() / int(time.Millisecond); ms != 0 || from.Nanosecond() != 0 {
+		name += fmt.Sprintf("m%03d", ms)
+	}
+	return name
+}
+
+// createPartitions creates the partitions from back before the current one
+// to partitionsAhead after it that are missing, each as a table of its own with
+// its unique index on key and index on expires_at, then attached. Concurrent
+// Cleanups take turns through the cleaners' advisory lock. It returns the
+// partitions it created.
+func (s *Store) createPartitions(ctx context.Context, back int) ([]string, error) {
+	st, err := s.readPartitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := map[int64]bool{}
+	for _, p := range st.parts {
+		have[p.from.UnixMicro()] = true
+	}
+	var created []string
+	for k := -back; k <= partitionsAhead; k++ {
+		from := st.current.Add(time.Duration(k) * st.span)
+		if have[from.UnixMicro()] {
+			continue
+		}
+		name := partitionName(st.name, from)
+		if err := s.createPartition(ctx, st, name, from, from.Add(st.span)); err != nil {
+			return created, fmt.Errorf("pgdedup: create partition %s of %s: %w", name, s.messages.table, withDetail(err))
+		}
+		created = append(created, name)
+	}
+	if len(created) == 0 {
+		return nil, nil
+	}
+	// Another cleaner may have had the turn: report what this one made.
+	after, err := s.readPartitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var made []string
+	for _, name := range created {
+		for _, p := range after.parts {
+			if p.name == name && !slices.ContainsFunc(st.parts, func(q partitionInfo) bool { return q.name == name }) {
+				made = append(made, name)
+			}
+		}
+	}
+	return made, nil
+}
+
+func (s *Store) createPartition(ctx context.Context, st *partitionState, name string, from, to time.Time) error {
+	q := st.quoted(name)
+	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
+	parent := s.messages.table
+	return s.exec(ctx, `DO $pgdedup$
+BEGIN
+    PERFORM pg_catalog.set_config('lock_timeout', '2s', true);
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(`+cleanupLockClass+`, '`+parent+`'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4)
+       OR EXISTS (SELECT FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
+                  WHERE i.inhparent OPERATOR(pg_catalog.=) '`+parent+`'::pg_catalog.regclass::pg_catalog.oid
+                  AND c.relname OPERATOR(pg_catalog.=) '`+name+`'::pg_catalog.name) THEN
+        RETURN;
+    END IF;
+    CREATE TABLE IF NOT EXISTS `+q+` (LIKE `+parent+` INCLUDING DEFAULTS);
+    CREATE UNIQUE INDEX IF NOT EXISTS `+pgx.Identifier{name + "_key"}.Sanitize()+` ON `+q+` (key);
+    CREATE INDEX IF NOT EXISTS `+pgx.Identifier{name + "_exp"}.Sanitize()+` ON `+q+` (expires_at);
+    ALTER TABLE `+parent+` ATTACH PARTITION `+q+` FOR VALUES FROM (`+bound(from)+`) TO (`+bound(to)+`);
+END
+$pgdedup$`)
+}
+
+// exec runs one statement and discards its rows.
+func (s *Store) exec(ctx context.Context, sql string, args ...any) error {
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// sealPartitions seals every partition before the current one: it lists the
+// transactions holding a lock on the table now (after the current partition
+// began: st.current was read before), waits up to sealWait for all of them to
+// end, and then moves sealed to the current partition's start. Any claim that
+// chose an older partition as its current one read the clock while holding
+// its lock on the table, so it was listed, or had ended before the list was
+// taken. It returns where sealed stands, and how many listed transactions
+// were still open if it gave up.
+func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed time.Time, waiting int, err error) {
+	if !st.sealed.Before(st.current) {
+		return st.sealed, 0, nil
+	}
+	const lockers = `FROM pg_catalog.pg_locks WHERE locktype = 'relation'
+AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
+AND relation = '` + "%s" + `'::pg_catalog.regclass::pg_catalog.oid`
+	from := fmt.Sprintf(lockers, s.messages.table)
+	var listed []string
+	if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
+		` AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()`).Scan(&listed); err != nil {
+		return st.sealed, 0, fmt.Errorf("pgdedup: seal partitions of %s: list transactions: %w", s.messages.table, withDetail(err))
+	}
+	deadline := time.Now().Add(cmp.Or(s.waits.seal, defaultSealWait))
+	for pause := time.Millisecond; len(listed) > 0; pause = min(2*pause, 100*time.Millisecond) {
+		if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT virtualtransaction) `+from+` AND virtualtransaction = ANY ($1::text[])`,
+			listed).Scan(&waiting); err != nil {
+			return st.sealed, 0, fmt.Errorf("pgdedup: seal partitions of %s: wait for transactions: %w", s.messages.table, withDetail(err))
+		}
+		if waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.log.InfoContext(ctx, "pgdedup: sealing waits for transactions", "table", s.messages.table, "open", waiting)
+			return st.sealed, waiting, nil
+		}
+		select {
+		case <-ctx.Done():
+			return st.sealed, waiting, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+	err = s.exec(ctx, `UPDATE `+s.partitionMeta+` SET sealed = $1
+WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.current)
+	if err != nil {
+		return st.sealed, 0, fmt.Errorf("pgdedup: seal partitions of %s: %w", s.messages.table, withDetail(err))
+	}
+	st.sealed = st.current
+	return st.sealed, 0, nil
+}
+
+// dropPartitions detaches (CONCURRENTLY) and drops the sealed partitions
+// whose rows have all expired, oldest first, stopping at the first that still
+// holds a live row. A partition left pending by an interrupted detach is
+// finalized. A detach that waits longer than detachWait for old transactions
+// is cancelled and left to the next run.
+func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped []string, rows int64, err error) {
+	for _, p := range st.parts {
+		if p.to.After(st.sealed) {
+			break
+		}
+		q := st.quoted(p.name)
+		if !p.pending {
+			var live bool
+			if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
+				return dropped, rows, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
+			}
+			if live {
+				break
+			}
+		}
+		detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
+		if p.pending {
+			detach = `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
+		}
+		if err := s.execAlone(ctx, cmp.Or(s.waits.detach, defaultDetachWait), detach); err != nil {
+			if code, _ := sqlState(err); code == "57014" || code == "55P03" {
+				s.log.InfoContext(ctx, "pgdedup: detach waits for old transactions", "partition", p.name, "error", err)
+				return dropped, rows, ctx.Err()
+			}
+			return dropped, rows, fmt.Errorf("pgdedup: detach partition %s: %w", p.name, withDetail(err))
+		}
+		b := &pgx.Batch{}
+		b.Queue(`BEGIN`)
+		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
+		b.Queue(`DROP TABLE IF EXISTS ` + q)
+		b.Queue(`COMMIT`)
+		if err := s.db.SendBatch(ctx, b).Close(); err != nil {
+			return dropped, rows, fmt.Errorf("pgdedup: drop detached partition %s: %w", p.name, withDetail(err))
+		}
+		dropped = append(dropped, p.name)
+		rows += p.rows
+	}
+	return dropped, rows, nil
+}
+
+// execAlone runs sql as a statement of its own (DETACH … CONCURRENTLY may
+// not run in a transaction block) and cancels it on the server after d. On
+// a pool the connection used is closed if the cancel was sent, so that a
+// late cancel cannot hit the next statement.
+func (s *Store) execAlone(ctx context.Context, d time.Duration, sql string) error {
+	var conn *pgx.Conn
+	switch db := s.db.(type) {
+	case *pgxpool.Pool:
+		c, err := db.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Release()
+		conn = c.Conn()
+	case *pgx.Conn:
+		conn = db
+	default:
+		tctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		rows, err := s.db.Query(tctx, sql)
+		if err != nil {
+			return err
+		}
+		rows.Close()
+		return rows.Err()
+	}
+	cancelled := make(chan struct{})
+	t := time.AfterFunc(d, func() {
+		defer close(cancelled)
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = conn.PgConn().CancelRequest(cctx)
+	})
+	_, err := conn.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol)
+	if !t.Stop() {
+		<-cancelled
+		if _, pooled := s.db.(*pgxpool.Pool); pooled {
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+	}
+	return err
+}
+
+// partitionedSizes fills in st's sizes, dead tuples and partitions from the
+// partitions (the parent itself stores nothing).
+func (s *Store) partitionedSizes(ctx context.Context, stats *Stats) error {
+	st, err := s.readPartitions(ctx)
+	if err != nil {
+		return err
+	}
+	rows, _ := s.db.Query(ctx, `SELECT tableoid, count(*) FROM `+s.messages.table+` GROUP BY 1`)
+	counts := map[uint32]int64{}
+	var oid uint32
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&oid, &n}, func() error { counts[oid] = n; return nil }); err != nil {
+		return fmt.Errorf("pgdedup: stats of %s: count rows per partition: %w", s.messages.table, withDetail(err))
+	}
+	stats.PartitionSpan = st.span
+	stats.SealedBefore = ptr(st.sealed.UTC())
+	stats.Partitions = []PartitionStats{}
+	for _, p := range st.parts {
+		q := st.quoted(p.name)
+		ps := PartitionStats{Name: p.name, From: p.from.UTC(), To: p.to.UTC(), Sealed: !p.to.After(st.sealed), Detaching: p.pending}
+		var tb, ib, dead int64
+		err := s.db.QueryRow(ctx, `SELECT pg_catalog.pg_table_size(r), pg_catalog.pg_indexes_size(r),
+coalesce((SELECT n_dead_tup FROM pg_catalog.pg_stat_user_tables WHERE relid = r), 0)
+FROM pg_catalog.to_regclass($1::text) r`, q).Scan(&tb, &ib, &dead)
+		if err != nil {
+			return fmt.Errorf("pgdedup: stats of %s: partition %s: %w", s.messages.table, p.name, withDetail(err))
+		}
+		ps.Bytes = tb + ib
+		stats.TableBytes += tb
+		stats.IndexBytes += ib
+		stats.TotalBytes += tb + ib
+		stats.DeadTuples += dead
+		ps.Rows = counts[p.oid]
+		stats.Partitions = append(stats.Partitions, ps)
+	}
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (l partitionedLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
+	return s.cleanupPartitioned(ctx)
+}
+
+func (l partitionedLayout) sizes(ctx context.Context, s *Store, st *Stats) error {
+	return s.partitionedSizes(ctx, st)
+}

@@ -1,0 +1,126 @@
+package pgdedup
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The partitioned layout (Config.Layout = Partitioned, made by Store.Setup):
+// processed_messages partitioned by RANGE on processed_at, the database's
+// clock at claim time, each partition one span (Retention ÷ Partitions) with a
+// unique index on key and an index on expires_at. A claim writes to the
+// current partition, whose index spans minutes or hours, not the Retention;
+// old IDs are forgotten by dropping whole partitions (partition_cleanup.go).
+//
+// PostgreSQL enforces uniqueness per partition only, so claims follow a
+// hand-over protocol (docs/partitioning.md has the argument in full):
+//
+//   - The table's row in pgdedup_partitions holds its span and sealed: every
+//     partition ending at or before sealed is sealed.
+//   - A claim reads the clock (clock_timestamp(), once) and sealed, looks the
+//     key up in the sealed partitions, and inserts it, ON CONFLICT DO NOTHING,
+//     into every unsealed partition older than the current one (oldest first)
+//     and then, if all of those took it, into the current one. It is new only
+//     if the last insert took it: a conflict anywhere makes it a duplicate.
+//   - Cleanup seals the partitions before the current one once every
+//     transaction that held a lock on the table when it looked (after the
+//     current partition began) has ended, as CREATE INDEX CONCURRENTLY waits
+//     for old transactions. A claim locks the table before it reads the clock,
+//     so every claim that chose a partition as current has committed or rolled
+//     back before that partition is sealed: a claim that sees the seal (its
+//     snapshot is later) sees their rows. Two claims that do not see the same
+//     seal share at least one unsealed partition, whose unique index makes
+//     the second wait for the first and then skip.
+
+// partitionedLayout is processed_messages partitioned by claim time, on one
+// PostgreSQL server.
+type partitionedLayout struct {
+	plainPlacement
+	claim      string // $1 consumer, $2 id, $3 key
+	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
+}
+
+// partitionOrigin is where partition spans are counted from: partitions
+// start at whole multiples of the span after it (date_bin's origin).
+const partitionOrigin = `'2000-01-01 00:00:00+00'::pg_catalog.timestamptz`
+
+// partitionMeta returns the quoted name of the table of partitioned tables
+// beside table: pgdedup_partitions, in table's schema if it names one.
+func partitionMeta(table pgx.Identifier) string {
+	if len(table) == 2 {
+		return pgx.Identifier{table[0], "pgdedup_partitions"}.Sanitize()
+	}
+	return pgx.Identifier{"pgdedup_partitions"}.Sanitize()
+}
+
+func newPartitionedLayout(m messageStatements, meta string) partitionedLayout {
+	t := m.table
+	// m: the clock, read once, the span, sealed, and the start of the current
+	// partition; at is the clock again, or NULL without the table's row in
+	// pgdedup_partitions, so that the claim fails (no partition for NULL)
+	// instead of reporting a duplicate. h: the start of every unsealed
+	// partition before the current one, usually none, or one just after a
+	// switch.
+	head := `WITH m AS MATERIALIZED (
+SELECT p.span, p.sealed, pg_catalog.date_bin(p.span, c.t, ` + partitionOrigin + `) AS lo,
+CASE WHEN p.span IS NOT NULL THEN c.t END AS at
+FROM (SELECT pg_catalog.clock_timestamp() AS t) c LEFT JOIN ` + meta + ` p ON p.parent = '` + t + `'::pg_catalog.regclass),
+h AS MATERIALIZED (SELECT g FROM m, pg_catalog.generate_series(m.sealed, m.lo - m.span, m.span) g),
+`
+	cols := ` (key, consumer, message_id, processed_at, expires_at)`
+	return partitionedLayout{
+		plainPlacement: plainPlacement(m.lockTimeoutMS),
+		// The sealed partitions are looked up (the Append prunes the others
+		// at run time); the unsealed ones are inserted into, oldest first,
+		// and the current one last, only when every older one took the key.
+		claim: head + `seen AS MATERIALIZED (
+SELECT EXISTS (SELECT FROM ` + t + ` x WHERE x.key = $3::uuid AND x.processed_at < (SELECT sealed FROM m)) AS found),
+older AS (
+INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, h.g, ` + m.expires + ` FROM h WHERE NOT (SELECT found FROM seen) ORDER BY h.g
+ON CONFLICT DO NOTHING RETURNING 1)
+INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, m.at, ` + m.expires + ` FROM m
+WHERE NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT count(*) FROM h)
+ON CONFLICT DO NOTHING`,
+		// The same for many keys. Rows go in (partition, key) order, older
+		// partitions first: every claim takes its rows' locks in that one
+		// order, so overlapping batches cannot deadlock.
+		claimBatch: head + `ids AS MATERIALIZED (SELECT k, id, n FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n)),
+seen AS MATERIALIZED (
+SELECT x.key FROM ` + t + ` x WHERE x.key = ANY ($3::uuid[]) AND x.processed_at < (SELECT sealed FROM m)),
+older AS (
+INSERT INTO ` + t + cols + `
+SELECT ids.k, $1::text, ids.id, h.g, ` + m.expires + ` FROM h, ids WHERE ids.k NOT IN (SELECT key FROM seen) ORDER BY h.g, ids.n
+ON CONFLICT DO NOTHING RETURNING key),
+won AS (SELECT key FROM older GROUP BY key HAVING count(*) = (SELECT count(*) FROM h))
+INSERT INTO ` + t + cols + `
+SELECT ids.k, $1::text, ids.id, m.at, ` + m.expires + ` FROM m, ids
+WHERE ids.k NOT IN (SELECT key FROM seen) AND ((SELECT count(*) FROM h) = 0 OR ids.k IN (SELECT key FROM won))
+ORDER BY ids.n
+ON CONFLICT DO NOTHING
+RETURNING message_id`,
+	}
+}
+
+func (l partitionedLayout) claimOne(c *idClaim) statement {
+	return statement{sql: l.claim, args: []any{c.store.cfg.Consumer, c.id, Key(c.store.cfg.Consumer, c.id)},
+		affected: func(n int64) { c.claimed = n == 1 }}
+}
+
+func (l partitionedLayout) claimMany(c *batchClaim) []statement {
+	s := c.store
+	return []statement{{sql: l.claimBatch, args: []any{s.cfg.Consumer, c.sorted.ids, c.sorted.keys}, row: c.addFresh}}
+}
+
+// transient: a claim that finds no partition for its time (no cleaner ran
+// for several spans, or Setup was not run) says what to do.
+func (l partitionedLayout) transient(err error) error {
+	if code, _ := sqlState(err); code == "23514" && strings.Contains(err.Error(), "no partition") {
+		return fmt.Errorf("%w (partitions are created ahead by Cleanup: run RunCleaner or `pgdedup cleanup` at least every partition span; "+
+			"see docs/partitioning.md)", err)
+	}
+	return err
+}
