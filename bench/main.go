@@ -98,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.growth.steady, "growth-steady", 0, "growth: then Process on each big table alone this long, from a CHECKPOINT, for WAL across checkpoints (0 skips)")
 	fs.BoolVar(&c.growth.keep, "growth-keep", false, "growth: keep the big tables (schema pgdedup_growth_v<version>_<rows>) and reuse them next time")
 	fs.StringVar(&c.steady.layout, "layout", "plain", "steady: the table layout, plain or partitioned")
+	fs.IntVar(&c.steady.partitions, "partitions", 0, "steady, -layout partitioned: partitions per Retention (Config.Partitions; 0: the library's default)")
 	fs.IntVar(&c.steady.rate, "steady-rate", 800, "steady: new messages per second")
 	fs.DurationVar(&c.steady.cycle, "steady-cycle", 30*time.Second, "steady: the checkpoint cycle (checkpoint_timeout; under 30s the bench issues CHECKPOINT)")
 	fs.IntVar(&c.steady.ratio, "steady-ratio", 192, "steady: R, Retention = R × cycle (192: 48 h with 15 min checkpoints)")

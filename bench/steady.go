@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgserver"
@@ -22,6 +21,7 @@ import (
 // production's, side by side with the same run on an empty table (issue 18).
 type steadyConfig struct {
 	layout        string        // plain or partitioned
+	partitions    int           // Config.Partitions for partitioned (0: the library's default)
 	rate          int           // new messages per second
 	cycle         time.Duration // the checkpoint cycle (checkpoint_timeout)
 	ratio         int           // Retention = ratio × cycle
@@ -59,6 +59,8 @@ func (c steadyConfig) validate() error {
 	switch {
 	case c.layout != "plain" && c.layout != "partitioned":
 		return fmt.Errorf("-layout must be plain or partitioned, got %q", c.layout)
+	case c.partitions < 0 || c.partitions > 1000:
+		return errors.New("-partitions must be from 0 (the library's default) to 1000")
 	case c.rate < 1 || c.rate > 100_000:
 		return errors.New("-steady-rate must be from 1 to 100000")
 	case c.cycle < time.Second || c.cycle > 24*time.Hour:
@@ -257,9 +259,10 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	if _, err := admin.Exec(ctx, `CREATE DATABASE `+t.db); err != nil {
 		return nil, err
 	}
+	self := t // t is nil once an error is returned
 	defer func() {
 		if err != nil {
-			t.close()
+			self.close()
 		}
 	}()
 	url := strings.Replace(cluster.URL(), "/postgres?", "/"+t.db+"?", 1)
@@ -278,7 +281,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	t0 := time.Now()
 	if rows > 0 {
 		prog.step("steady: %s: loading %d rows (rate × Retention, expiries spread over %s)", name, rows, cfg.retention())
-		if err := preloadPlain(ctx, pool, rows, t0, cfg.retention()); err != nil {
+		if err := preload(ctx, cfg, pool, rows, t0); err != nil {
 			return nil, fmt.Errorf("preload: %w", err)
 		}
 	}
@@ -290,6 +293,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	r.loadTook = time.Since(t0)
 
 	t.store, err = pgdedup.New(pool, pgdedup.Config{Consumer: consumer, Retention: cfg.retention(),
+		Layout: cfg.pgLayout(), Partitions: cfg.partitions,
 		OnEvent: func(_ context.Context, e pgdedup.Event) {
 			if e.Kind != pgdedup.EventCleanup {
 				return
@@ -393,6 +397,11 @@ const steadyRounds = 4
 // order rotating) so that a change in the machine's load falls on both.
 func steadyThroughput(ctx context.Context, cfg steadyConfig, tables []*steadyTable, prog *progress) error {
 	for _, t := range tables {
+		// At once: the partitioned layout's partitions ahead ran out while
+		// this table's cleaner was stopped.
+		if _, err := t.store.Cleanup(ctx); err != nil {
+			return fmt.Errorf("steady: %s table: %w", t.run.name, err)
+		}
 		t.startCleaner(ctx)
 	}
 	round := cfg.tputFor / steadyRounds
@@ -415,31 +424,6 @@ func steadyThroughput(ctx context.Context, cfg steadyConfig, tables []*steadyTab
 				return fmt.Errorf("steady: %s table, unthrottled: %w", t.run.name, err)
 			}
 			t.tputs = append(t.tputs, s.perSec())
-		}
-	}
-	return nil
-}
-
-// steadySchema migrates the fresh database to cfg.layout, sets the
-// recommended autovacuum scale factors on processed_messages and creates the
-// business table.
-func steadySchema(ctx context.Context, cfg steadyConfig, pool *pgxpool.Pool) error {
-	if cfg.layout != "plain" {
-		return fmt.Errorf("-layout %s: not available on this branch yet (only plain)", cfg.layout)
-	}
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	err := pgdedup.Migrate(ctx, sqlDB)
-	sqlDB.Close()
-	if err != nil {
-		return err
-	}
-	for _, sql := range []string{
-		`ALTER TABLE processed_messages SET (autovacuum_vacuum_scale_factor = 0.01,
-    autovacuum_vacuum_insert_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.01)`,
-		`CREATE TABLE soak_ledger (message_id text NOT NULL, amount bigint NOT NULL)`,
-	} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			return fmt.Errorf("%s: %w", strings.SplitN(sql, "\n", 2)[0], err)
 		}
 	}
 	return nil

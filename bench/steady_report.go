@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 // markdown is the steady part's results file: a header that says how to get
@@ -29,9 +32,15 @@ func (r steadyResult) markdown() string {
 		"rate × Retention = %s rows, expiries spread evenly, so the cleaner deletes as many rows as claims insert "+
 		"(the load took %s; rows that expired meanwhile are deleted in the warm-up, hence fewer rows at the window's start)\n",
 		c.cycle, cp, c.ratio, c.retention(), count(float64(c.rows())), r.full.loadTook.Round(time.Second))
+	if c.layout == "partitioned" {
+		n := cmp.Or(c.partitions, pgdedup.DefaultPartitions)
+		p("- Layout: partitioned by claim time, %d partitions per Retention (`Config.Partitions`; span %s), made by `Store.Setup`, "+
+			"kept by `RunCleaner`; the partitions get the server's autovacuum settings (PostgreSQL takes no storage parameters "+
+			"on a partitioned table)\n", n, c.retention()/time.Duration(n))
+	}
 	p("- Load: `Store.Process` with one business row at %d new messages/s plus %.0f%% redeliveries "+
 		"(half of recent messages, half of preloaded IDs), %d workers; `RunCleaner` every %s; "+
-		"autovacuum on, `autovacuum_naptime` %s (production's 1 min, compressed like the cycle), scale factors 0.01 on the table\n",
+		"autovacuum on, `autovacuum_naptime` %s (production's 1 min, compressed like the cycle), scale factors 0.01 on the plain table\n",
 		c.rate, 100*c.dupShare, c.workers, c.cleanEach, c.naptime())
 	p("- Measured: %d warm-up cycles, then a `CHECKPOINT` and %d whole cycles. WAL is the `pg_current_wal_lsn()` "+
 		"difference and images the `pg_stat_wal.wal_fpi` difference over the window, everything the cluster wrote "+
