@@ -117,3 +117,52 @@ FROM processed_messages WHERE message_id LIKE 'pre-%'`).Scan(&n, &first, &last, 
 		t.Errorf("preloadedID after the Retention: %q; want none", id)
 	}
 }
+
+// On the partitioned layout the preload goes through the parent into the
+// partitions of the past Retention, which claims look up: a preloaded ID
+// redelivered is a duplicate, and no partition is left without its rows.
+func TestSteadyPreloadPartitioned(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := newBench(ctx, testConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	if _, err := b.admin.Exec(ctx, `TRUNCATE processed_messages`); err != nil { // Setup takes an empty table
+		t.Fatal(err)
+	}
+	const rows = 1200
+	retention := time.Hour
+	cfg := pgdedup.Config{Consumer: consumer, Retention: retention, Layout: pgdedup.Partitioned, Partitions: 6}
+	store, err := pgdedup.New(b.admin, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := preloadPartitioned(ctx, b.admin, rows, t0, retention); err != nil {
+		t.Fatal(err)
+	}
+	var n, parts, filled int
+	err = b.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM processed_messages WHERE message_id LIKE 'pre-%'),
+count(*), count(*) FILTER (WHERE EXISTS (SELECT FROM processed_messages m WHERE m.tableoid = i.inhrelid))
+FROM pg_inherits i WHERE i.inhparent = 'processed_messages'::regclass`).Scan(&n, &parts, &filled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != rows || filled < 6 {
+		t.Errorf("%d rows in %d of %d partitions; want %d rows in the 6 (or 7) partitions of the past Retention", n, filled, parts, rows)
+	}
+	for range 20 {
+		id, _ := preloadedID(rows, t0, retention)
+		processed, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error {
+			return fmt.Errorf("business write ran for the preloaded ID %s", id)
+		})
+		if err != nil || processed {
+			t.Errorf("Process(%s): processed %v, %v; want a duplicate", id, processed, err)
+		}
+	}
+}
