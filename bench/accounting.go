@@ -98,8 +98,8 @@ func (b *bench) account(ctx context.Context, prog *progress) (map[string]cost, s
 // checkSameSQL runs one message through Process and one through the
 // hand-written pipeline and compares the statements each sent.
 func checkSameSQL(ctx context.Context, e *env, rec *sqlRecorder) error {
-	// The Store's first claim looks the table's layout up once (layout.go);
-	// compare what every later message sends.
+	// A Store looks up where its table lives on its first claim, once; the
+	// message after that shows what every later one sends.
 	if err := handleProcess(ctx, e, newID()); err != nil {
 		return err
 	}
