@@ -219,16 +219,3 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-// commandLine is the command that runs the bench with args, from the
-// repository root, quoted for a POSIX shell where needed.
-func commandLine(args []string) string {
-	parts := []string{"go", "run", "-C", "bench", "."}
-	for _, a := range args {
-		if a == "" || strings.ContainsAny(a, " \t'\"$\\*?;&|<>()`") {
-			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-		}
-		parts = append(parts, a)
-	}
-	return strings.Join(parts, " ")
-}

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -22,7 +21,7 @@ func (r steadyResult) markdown() string {
 	p("- Command: `%s`\n", c.command)
 	p("- Date: %s UTC, took %s\n", r.start.UTC().Format("2006-01-02 15:04"), r.took.Round(time.Second))
 	p("- Machine: %d cores (%s), %s RAM, load average (1, 5, 15 min) %s at the start, %s at the end; "+
-		"the bench and the server share it\n", runtime.NumCPU(), cpuModel(), memTotal(), r.loadBefore, r.loadAfter)
+		"the bench and the server share it. %s\n", runtime.NumCPU(), cpuModel(), memTotal(), r.loadBefore, r.loadAfter, busy(r.loadBefore, r.loadAfter))
 	p("- PostgreSQL: %s, a throwaway cluster; %s\n", r.server, r.settings)
 	cp := "the server's `checkpoint_timeout`"
 	if !c.serverCheckpoints() {
@@ -99,19 +98,4 @@ func perMillion(bytes, rows int64) string {
 		return "–"
 	}
 	return mb(int64(float64(bytes) * 1e6 / float64(rows)))
-}
-
-// memTotal is MemTotal of /proc/meminfo, in GiB, or "unknown".
-func memTotal() string {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return "unknown"
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		var kb int64
-		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
-			return fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
-		}
-	}
-	return "unknown"
 }
