@@ -24,7 +24,16 @@ func newCitusLayout(m messageStatements) citusLayout {
 	return citusLayout{citusPlacement: citusPlacement(m.lockTimeoutMS), messages: m, values: &sync.Map{}}
 }
 
-func (l citusLayout) claimOne(c *idClaim) statement { return plainLayout{}.claimOne(c) }
+func (l citusLayout) claimOne(c *idClaim) []statement { return plainLayout{}.claimOne(c) }
+
+func (l citusLayout) storeResult(c *idClaim, result []byte) statement {
+	return plainLayout{}.storeResult(c, result)
+}
+
+// lookup and forget are the plain statements too: with every column of the
+// key in their WHERE clauses, Citus routes them to the ID's shard.
+func (l citusLayout) lookup(r *lookupRow) statement     { return plainLayout{}.lookup(r) }
+func (l citusLayout) forget(c *forgetClaim) []statement { return forgetStatements(l, c) }
 
 // claimMany claims the IDs as multi-row VALUES inserts of up to
 // citusBatchMaxRows rows each (see citusBatchChunks).
@@ -151,8 +160,7 @@ func citusBatchChunks(sorted sortedBatch) [][]any {
 // batchSQL is the claim of rows IDs as one multi-row VALUES insert, $1
 // the consumer and $2… the IDs and their keys, in pairs. Citus routes each row to its shard, where
 // INSERT … SELECT FROM unnest (the plain statement) is pulled through the
-// coordinator and opens a connection per shard: about 1 s for 1,000 IDs,
-// against tens of milliseconds.
+// coordinator and opens a connection per shard, many times slower.
 func (l citusLayout) batchSQL(rows int) string {
 	if q, ok := l.values.Load(rows); ok {
 		return q.(string)

@@ -1,6 +1,7 @@
 package pgdedup
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 )
@@ -11,19 +12,39 @@ import (
 
 // idClaim claims one message ID.
 type idClaim struct {
-	store   *Store
-	id      string
+	store      *Store
+	id         string
+	opts       callOptions
+	withResult bool // ProcessResult: read the stored result back
+
 	claimed bool
+	stored  []byte // the fingerprint read after the claim
+	result  []byte // the result read after the claim (withResult)
 }
 
 func (c *idClaim) statements(l *layouts) claimStatements {
-	c.claimed = false
-	return claimStatements{settings: l.messages.settings(false), claim: []statement{l.messages.claimOne(c)}}
+	c.claimed, c.stored, c.result = false, nil, nil
+	return claimStatements{settings: l.messages.settings(false), claim: l.messages.claimOne(c)}
 }
 
+// scanStored is the row callback of the SELECT after a claim with a
+// fingerprint or for a result.
+func (c *idClaim) scanStored(scan func(dest ...any) error) error {
+	if c.withResult {
+		return scan(&c.stored, &c.result)
+	}
+	return scan(&c.stored)
+}
+
+// outcome: a duplicate whose recorded fingerprint differs from the given one
+// is a mismatch, not a duplicate. A row without a fingerprint has nothing to
+// compare.
 func (c *idClaim) outcome() (fresh, skipped int, err error) {
-	if c.claimed {
+	switch {
+	case c.claimed:
 		return 1, 0, nil
+	case c.opts.fingerprint != nil && c.stored != nil && !bytes.Equal(c.stored, c.opts.fingerprint):
+		return 0, 0, &PayloadMismatchError{MessageID: c.id, Stored: c.stored, Given: c.opts.fingerprint}
 	}
 	return 0, 1, nil
 }

@@ -937,9 +937,15 @@ func TestCleanupStarvedByAHeldTurn(t *testing.T) {
 	b := setup(t, pgdedup.Config{OnEvent: log.add})
 	ctx := ctxT(t)
 	pgtest.Seed(t, b.pool, "billing", "old-", 100, -time.Hour)
-	holder := connect(t, b.db.URL)
+	// The holder keeps the turn inside an open transaction: behind PgBouncer in
+	// transaction pooling, a session lock would go back to the pool with its
+	// server connection, and the cleaner handed that connection would hold it too.
+	holder, err := connect(t, b.db.URL).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var pid int32
-	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid(), pg_advisory_lock(1885824100, 'processed_messages'::regclass::oid::int4)`).Scan(&pid, nil); err != nil {
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid(), pg_advisory_xact_lock(1885824100, 'processed_messages'::regclass::oid::int4)`).Scan(&pid, nil); err != nil {
 		t.Fatal(err)
 	}
 	waiting, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cron", CleanupTurnWait: 300 * time.Millisecond, OnEvent: log.add})
@@ -968,7 +974,7 @@ func TestCleanupStarvedByAHeldTurn(t *testing.T) {
 	if starvedEvents != 2 {
 		t.Fatalf("%d cleanup events with ErrCleanupStarved, want 2", starvedEvents)
 	}
-	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := b.store.Cleanup(ctx); err != nil || n != 100 {

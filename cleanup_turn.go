@@ -21,17 +21,22 @@ import (
 // turnSighting is what a Cleanup that found the turn taken saw.
 type turnSighting struct {
 	at      time.Time
-	holders []int32    // pids holding the cleaners' lock, sorted
+	holders []string   // the transactions holding the cleaners' lock (pid and start), sorted
+	working bool       // a holder is running a cleaner's statement
 	oldest  *time.Time // the oldest expired row's expires_at; nil if none
 	about   string     // the holders, described for an error
 }
 
 // progressSince reports whether a cleaner made progress between before and
-// s: another session took the turn, or the oldest expired row was deleted.
+// s, or is making it: the turn passed to another transaction (behind
+// PgBouncer, a cleaner's next batch may run on the same server session, so
+// a transaction is told by its start as well as its pid), a holder is running
+// a cleaner's statement (one batch may take longer than a wait), or the
+// oldest expired row was deleted.
 func (s turnSighting) progressSince(before turnSighting) bool {
 	switch {
-	case s.oldest == nil:
-		return true // nothing expired is left
+	case s.oldest == nil || s.working:
+		return true // nothing expired is left, or a cleaner is at work
 	case before.oldest == nil || !slices.Equal(s.holders, before.holders):
 		return true
 	}
@@ -89,7 +94,11 @@ func (w *turnWatch) skipped(first *turnSighting, seen turnSighting, waited bool)
 // expired row. A failed read is reported in about and counts as no progress.
 func (s *Store) sightTurn(ctx context.Context) turnSighting {
 	seen := turnSighting{at: time.Now()}
-	rows, err := s.db.Query(ctx, `SELECT l.pid, coalesce(a.usename::text, '?'), coalesce(a.state, '?'), a.xact_start
+	// A holder at work runs one of cleanupSQL's statements, which both name
+	// cleanupTurnSetting (its text is visible to the same role and to
+	// pg_read_all_stats; otherwise that sign is missing and the others count).
+	rows, err := s.db.Query(ctx, `SELECT l.pid, coalesce(a.usename::text, '?'), coalesce(a.state, '?'), a.xact_start,
+coalesce(a.state = 'active' AND pg_catalog.strpos(a.query, '`+cleanupTurnSetting+`') > 0, false)
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.classid = `+cleanupLockClass+`::oid
 AND l.objid = '`+s.messages.table+`'::regclass::oid AND l.objsubid = 2 ORDER BY l.pid`)
@@ -98,8 +107,14 @@ AND l.objid = '`+s.messages.table+`'::regclass::oid AND l.objsubid = 2 ORDER BY 
 		var pid int32
 		var role, state string
 		var since *time.Time
-		_, err = pgx.ForEachRow(rows, []any{&pid, &role, &state, &since}, func() error {
-			seen.holders = append(seen.holders, pid)
+		var working bool
+		_, err = pgx.ForEachRow(rows, []any{&pid, &role, &state, &since, &working}, func() error {
+			holder := fmt.Sprint(pid)
+			if since != nil {
+				holder += "@" + since.UTC().Format(time.RFC3339Nano)
+			}
+			seen.holders = append(seen.holders, holder)
+			seen.working = seen.working || working
 			h := fmt.Sprintf("pid %d (role %s, %s", pid, role, state)
 			if since != nil {
 				h += ", transaction since " + since.UTC().Format(time.RFC3339)

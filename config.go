@@ -96,6 +96,19 @@ type Config struct {
 	// creates the table: later Stores follow the table's span.
 	Partitions int
 
+	// MaxResultBytes is the longest result [Store.ProcessResult] stores; a
+	// longer one fails the call with [ErrResultTooLarge] before COMMIT. It
+	// bounds the row every duplicate reads back. Defaults to
+	// [DefaultMaxResultBytes], 64 KiB.
+	MaxResultBytes int
+
+	// LateMargin is the safety margin of the late-message guard
+	// ([WithSentAt]): a delivery sent more than the Retention in force minus
+	// LateMargin ago returns [ErrTooLate]. It should cover the time between a
+	// claim and its COMMIT, and the skew between the sender's clock and the
+	// consumer's. Defaults to 0, which means a tenth of the Retention in force.
+	LateMargin time.Duration
+
 	// OffsetTable is the table of last processed offsets used by
 	// [Store.ProcessOffsets] and the other offset calls, optionally
 	// schema-qualified, with the same rules as Table. Defaults to
@@ -112,6 +125,8 @@ const (
 	DefaultMaxBatch         = 10_000               // Config.MaxBatch
 	DefaultCleanupBatchSize = 10_000               // Config.CleanupBatchSize
 	DefaultPartitions       = 12                   // Config.Partitions
+
+	DefaultMaxResultBytes = 64 << 10 // Config.MaxResultBytes
 
 	MinPartitionSpan = 100 * time.Millisecond // the shortest Retention ÷ Partitions accepted
 
@@ -135,6 +150,7 @@ func (cfg Config) withDefaults(table pgx.Identifier) Config {
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, DefaultMaxBatch)
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, DefaultCleanupBatchSize)
 	cfg.Partitions = cmp.Or(cfg.Partitions, DefaultPartitions)
+	cfg.MaxResultBytes = cmp.Or(cfg.MaxResultBytes, DefaultMaxResultBytes)
 	cfg.OffsetTable = cmp.Or(cfg.OffsetTable, defaultOffsetTable(table))
 	return cfg
 }
@@ -179,6 +195,12 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 	case cfg.Layout == Partitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
 		return nil, nil, bad("Partitions", "%d would make partitions of %s, shorter than %s", cmp.Or(cfg.Partitions, DefaultPartitions),
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
+	case cfg.MaxResultBytes < 0:
+		return nil, nil, bad("MaxResultBytes", "must not be negative, got %d", cfg.MaxResultBytes)
+	case cfg.LateMargin < 0:
+		return nil, nil, bad("LateMargin", "must not be negative, got %s", cfg.LateMargin)
+	case cfg.LateMargin > 0 && cfg.LateMargin >= cmp.Or(cfg.Retention, DefaultRetention):
+		return nil, nil, bad("LateMargin", "(%s) must be less than Retention (%s)", cfg.LateMargin, cmp.Or(cfg.Retention, DefaultRetention))
 	}
 	if table, err = parseTable("Table", cmp.Or(cfg.Table, DefaultTable)); err != nil {
 		return nil, nil, err

@@ -24,11 +24,14 @@ import (
 // cannot pipeline as pgx does, so it costs three: the transaction-local timeout
 // is set (one multi-statement Exec without arguments), the claim runs, and the
 // previous lock_timeout is restored.
-func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string) (claimed bool, err error) {
-	if err := ValidateMessageID(messageID); err != nil {
+//
+// opts are as in [Store.Process]; with [WithFingerprint] the fingerprint is
+// read back in one more round trip.
+func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts ...Option) (claimed bool, err error) {
+	c, err := s.newIDClaim(messageID, opts)
+	if err != nil {
 		return false, err
 	}
-	c := &idClaim{store: s, id: messageID}
 	if err := s.claimInSQLTx(ctx, tx, c); err != nil {
 		return false, err
 	}

@@ -194,8 +194,12 @@ func (s *Store) claimDone(ctx context.Context, c claim, l *layouts, err error) e
 	}
 	_, skipped, err := c.outcome()
 	if err != nil {
-		if errors.Is(err, ErrFenced) {
+		switch {
+		case errors.Is(err, ErrFenced):
 			s.log.WarnContext(ctx, "pgdedup: fenced", "consumer", s.cfg.Consumer, "claim", c.subject(), "error", err)
+		case errors.Is(err, ErrPayloadMismatch):
+			s.log.WarnContext(ctx, "pgdedup: payload mismatch", "consumer", s.cfg.Consumer, "claim", c.subject(), "error", err)
+			s.emit(ctx, Event{Kind: EventPayloadMismatch, MessageID: c.messageID(), Count: 1, Err: err})
 		}
 		return err
 	}
@@ -217,10 +221,48 @@ func (s *Store) claimError(c claim, l *layouts, err error) error {
 	case code == "55P03" && s.messages.lockTimeoutMS > 0:
 		return fmt.Errorf("%w: %s: %w", ErrInFlight, c.subject(), err)
 	case code == "42P01":
-		return fmt.Errorf("pgdedup: claim %s: %w (is %s or %s on the search_path? run pgdedup.Migrate or `pgdedup migrate up`)",
-			c.subject(), err, s.messages.table, s.offsets.table)
+		return fmt.Errorf("pgdedup: %s %s: %w (is %s or %s on the search_path? run pgdedup.Migrate or `pgdedup migrate up`)",
+			action(c), c.subject(), err, s.messages.table, s.offsets.table)
 	}
-	return l.transient(fmt.Errorf("pgdedup: claim %s: %w", c.subject(), err))
+	return l.transient(fmt.Errorf("pgdedup: %s %s: %w", action(c), c.subject(), err))
+}
+
+// action names what c's statements do, for error messages: "claim", unless c
+// says otherwise ("forget").
+func action(c claim) string {
+	if a, ok := c.(interface{ action() string }); ok {
+		return a.action()
+	}
+	return "claim"
+}
+
+// apply runs c's statements in a transaction of their own and commits,
+// retrying failures of the database: for statements that change rows without
+// running fn (Store.Forget). BEGIN and the statements go in one round trip,
+// COMMIT in a second.
+func (s *Store) apply(ctx context.Context, c claim) error {
+	return s.retry(ctx, c.messageID(), func() error {
+		l, err := s.layouts(ctx, pgxQueryRow(s.db))
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.BeginTx(s.cfg.TxOptions)
+		c.statements(l).queue(b)
+		br := s.db.SendBatch(ctx, b)
+		tx := br.Tx()
+		defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
+		if err := br.Close(); err != nil {
+			return s.claimError(c, l, fromDatabase(err))
+		}
+		if _, _, err := c.outcome(); err != nil {
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return l.transient(fromDatabase(fmt.Errorf("pgdedup: commit %s %s: %w", action(c), c.subject(), withDetail(err))))
+		}
+		return nil
+	})
 }
 
 // process runs fn for c's fresh items in a transaction that claims them, and

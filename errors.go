@@ -45,6 +45,30 @@ var (
 	// Expired rows are piling up: find the session that holds the turn.
 	ErrCleanupStarved = errors.New("pgdedup: cleanup never got its turn")
 
+	// ErrPayloadMismatch is matched (errors.Is) by the *[PayloadMismatchError]
+	// a call with [WithFingerprint] returns for a duplicate whose stored
+	// fingerprint differs: the ID was reused with another payload, a producer's
+	// bug or an attack. Nothing was processed; dead-letter the message.
+	ErrPayloadMismatch = errors.New("pgdedup: message ID reused with a different payload")
+
+	// ErrResultTooLarge is returned, wrapped with the sizes, when the fn of
+	// [Store.ProcessResult] returns a result longer than
+	// [Config.MaxResultBytes]. The transaction was rolled back: nothing fn
+	// wrote, nor the ID, is recorded.
+	ErrResultTooLarge = errors.New("pgdedup: result too large to store")
+
+	// ErrTooLate is returned, wrapped with the message's age, by a call with
+	// [WithSentAt] for a message older than the Retention in force minus
+	// [Config.LateMargin]: the table may have forgotten an earlier delivery,
+	// so processing it could run it twice. Nothing is sent to the database.
+	// Dead-letter it, or call again without WithSentAt to process it anyway.
+	ErrTooLate = errors.New("pgdedup: message is older than the dedup table remembers")
+
+	// ErrInvalidOption is returned, wrapped with the reason, for an [Option]
+	// that cannot apply: an empty or too long fingerprint, a retention below
+	// [MinRetention]. Nothing is sent to the database.
+	ErrInvalidOption = errors.New("pgdedup: invalid option")
+
 	errNilFunc = errors.New("pgdedup: fn must not be nil")
 	errNilTx   = errors.New("pgdedup: tx must not be nil")
 )

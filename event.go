@@ -22,9 +22,12 @@ const (
 	EventInFlight
 	// EventCleanup: a Cleanup run deleted Count expired rows in Duration (Err if it failed).
 	EventCleanup
+	// EventPayloadMismatch: a delivery with [WithFingerprint] found its ID
+	// recorded with another fingerprint; Err is the *[PayloadMismatchError].
+	EventPayloadMismatch
 )
 
-var eventKindNames = [...]string{"", "processed", "duplicate", "retry", "in_flight", "cleanup"}
+var eventKindNames = [...]string{"", "processed", "duplicate", "retry", "in_flight", "cleanup", "payload_mismatch"}
 
 // String returns a short lower-case name, suitable as a metric label.
 func (k EventKind) String() string {
@@ -42,7 +45,7 @@ type Event struct {
 	Count     int64         // IDs processed, skipped or given up on (in flight), or rows deleted
 	Attempt   int           // for EventRetry: the attempt that failed, from 1
 	Duration  time.Duration // for EventProcessed and EventCleanup: time taken
-	Err       error         // for EventRetry and EventCleanup
+	Err       error         // for EventRetry, EventCleanup and EventPayloadMismatch
 }
 
 func (s *Store) emit(ctx context.Context, e Event) {

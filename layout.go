@@ -32,11 +32,19 @@ type placement interface {
 // statements that claim IDs in it, how it is cleaned up and how big it is.
 type layout interface {
 	placement
-	// claimOne returns the statement claiming c's ID; it sets c.claimed.
-	claimOne(c *idClaim) statement
+	// claimOne returns the statements claiming c's ID, with c's options; they
+	// set c.claimed, and read what c needs of the ID's row.
+	claimOne(c *idClaim) []statement
+	// storeResult returns the statement storing result in the row c claimed.
+	storeResult(c *idClaim, result []byte) statement
 	// claimMany returns the statements claiming c's sorted IDs; they add the
 	// new ones to c.fresh.
 	claimMany(c *batchClaim) []statement
+	// lookup returns the statement reading the row of r's ID; it fills in r.
+	lookup(r *lookupRow) statement
+	// forget returns the statements deleting the row of c's ID once any
+	// transaction holding it has ended; they set c.found.
+	forget(c *forgetClaim) []statement
 	// cleanup deletes expired rows (see Store.Cleanup); skipped reports that
 	// it never had the cleaners' turn, another cleaner holding it throughout.
 	cleanup(ctx context.Context, s *Store) (deleted int64, skipped bool, err error)
@@ -110,17 +118,27 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 // New. The table name is quoted; the retention and lock timeout are integers
 // formatted by us; the consumer and the IDs are always bound parameters.
 type messageStatements struct {
-	table         string // quoted, possibly schema-qualified
-	expires       string // the expires_at expression
-	claim         string // $1 consumer, $2 id, $3 key
-	claimBatch    string // $1 consumer, $2 ids, $3 their keys, sorted by key
-	lockTimeoutMS int64  // Config.LockTimeout in milliseconds, rounded up; 0 for none
+	table   string // quoted, possibly schema-qualified
+	expires string // the expires_at expression
+	claim   string // $1 consumer, $2 id, $3 key
+	// claimWith are the claims with options, by claimVariant: claimWith[0]
+	// is claim; the others add $4 the retention in microseconds and/or the
+	// fingerprint, last.
+	claimWith         [4]string
+	storedFingerprint string // $1 consumer, $2 id, $3 key
+	storedResult      string // $1 consumer, $2 id, $3 key
+	storeResult       string // $1 consumer, $2 id, $3 key, $4 result
+	claimBatch        string // $1 consumer, $2 ids, $3 their keys, sorted by key
+	lookup            string // $1 consumer, $2 id, $3 key
+	forget            string // $1 consumer, $2 id, $3 key
+	lockTimeoutMS     int64  // Config.LockTimeout in milliseconds, rounded up; 0 for none
 }
 
 func newMessageStatements(table pgx.Identifier, retention, lockTimeout time.Duration) messageStatements {
 	t := table.Sanitize()
 	expires := fmt.Sprintf("now() + interval '%d microseconds'", retention.Microseconds())
-	return messageStatements{
+	where := ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`
+	m := messageStatements{
 		table:   t,
 		expires: expires,
 		claim: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at) VALUES ($3::uuid, $1, $2, ` + expires + `)
@@ -129,9 +147,37 @@ ON CONFLICT DO NOTHING`,
 SELECT k, $1, id, ` + expires + ` FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n) ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING message_id`,
-		lockTimeoutMS: int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
+		// Every column of the key in the WHERE clause: Citus routes the
+		// statement to one shard whichever column distributes the table.
+		lookup:            `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
+		forget:            `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
+		lockTimeoutMS:     int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
+		storedFingerprint: `SELECT fingerprint FROM ` + t + where,
+		storedResult:      `SELECT fingerprint, result FROM ` + t + where,
+		storeResult:       `UPDATE ` + t + ` SET result = $4` + where,
 	}
+	m.claimWith[0] = m.claim
+	for v := 1; v < len(m.claimWith); v++ {
+		cols, values, n := "", "", 4
+		exp := expires
+		if v&claimRetention != 0 {
+			exp = fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
+			n++
+		}
+		if v&claimFingerprint != 0 {
+			cols, values = ", fingerprint", fmt.Sprintf(", $%d::bytea", n)
+		}
+		m.claimWith[v] = `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at` + cols + `) VALUES ($3::uuid, $1, $2, ` + exp + values + `)
+ON CONFLICT DO NOTHING`
+	}
+	return m
 }
+
+// The bits of a claim's variant: which options change its statement.
+const (
+	claimRetention   = 1 // WithRetention: expires_at from $4
+	claimFingerprint = 2 // WithFingerprint: the fingerprint column
+)
 
 // plainPlacement is a table on one PostgreSQL server; its value is
 // Config.LockTimeout in milliseconds (0: none).
@@ -160,15 +206,64 @@ func (plainPlacement) transient(err error) error { return err }
 // one PostgreSQL server: one table, one unique index on key.
 type plainLayout struct{ plainPlacement }
 
-func (plainLayout) claimOne(c *idClaim) statement {
-	return statement{sql: c.store.messages.claim, args: []any{c.store.cfg.Consumer, c.id, Key(c.store.cfg.Consumer, c.id)},
-		affected: func(n int64) { c.claimed = n == 1 }}
+// claimOne is one INSERT … ON CONFLICT DO NOTHING, the same statement for
+// every call without options. With a fingerprint, or for a stored result, a
+// SELECT follows: a statement of its own, so that its snapshot is taken after
+// the INSERT waited for a transaction holding the ID, and sees its row.
+func (plainLayout) claimOne(c *idClaim) []statement {
+	s := c.store
+	args := []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)}
+	variant, claimArgs := 0, args
+	if c.opts.retention != 0 {
+		variant |= claimRetention
+		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.retention.Microseconds())
+	}
+	if c.opts.fingerprint != nil {
+		variant |= claimFingerprint
+		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.fingerprint)
+	}
+	sts := []statement{{sql: s.messages.claimWith[variant], args: claimArgs, affected: func(n int64) { c.claimed = n == 1 }}}
+	switch {
+	case c.withResult:
+		sts = append(sts, statement{sql: s.messages.storedResult, args: args, row: c.scanStored})
+	case c.opts.fingerprint != nil:
+		sts = append(sts, statement{sql: s.messages.storedFingerprint, args: args, row: c.scanStored})
+	}
+	return sts
+}
+
+func (plainLayout) storeResult(c *idClaim, result []byte) statement {
+	s := c.store
+	return statement{sql: s.messages.storeResult, args: []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id), result}}
 }
 
 // claimMany is one INSERT … SELECT FROM unnest, whatever the batch size.
 func (plainLayout) claimMany(c *batchClaim) []statement {
 	s := c.store
 	return []statement{{sql: s.messages.claimBatch, args: []any{s.cfg.Consumer, c.sorted.ids, c.sorted.keys}, row: c.addFresh}}
+}
+
+func (plainLayout) lookup(r *lookupRow) statement {
+	s := r.store
+	return statement{sql: s.messages.lookup, args: []any{s.cfg.Consumer, r.id, Key(s.cfg.Consumer, r.id)}, row: r.scan}
+}
+
+func (l plainLayout) forget(c *forgetClaim) []statement { return forgetStatements(l, c) }
+
+// forgetStatements are the statements of a Forget on any layout. First the
+// layout's own claim of the ID: it waits for a transaction that holds the ID
+// (a first delivery in flight) to end, or gives up after Config.LockTimeout,
+// exactly as a claim would. A plain DELETE would not see that transaction's
+// uncommitted row, delete nothing, and let a redelivery run beside it. The
+// DELETE, a statement of its own and so with a snapshot taken after the wait,
+// then removes the ID's rows, committed or just claimed; there was a row only
+// if the claim found the ID already claimed.
+func forgetStatements(l layout, c *forgetClaim) []statement {
+	s := c.store
+	c.claim = idClaim{store: s, id: c.id}
+	return append(l.claimOne(&c.claim), statement{
+		sql: s.messages.forget, args: []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)},
+		affected: func(n int64) { c.found = n > 0 && !c.claim.claimed }})
 }
 
 func (plainLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {

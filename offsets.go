@@ -21,7 +21,7 @@ type Partition struct {
 
 	// Generation is the holder's fencing token, from 0: the consumer group
 	// generation in which the consumer was assigned the partition (franz-go:
-	// the second result of GroupMetadata, read in OnPartitionsAssigned). The
+	// the second result of GroupMetadata, read in kgo.AdjustFetchOffsetsFn). The
 	// stored generation never goes down, and a claim made with an older
 	// generation than the stored one fails with [ErrFenced], so a consumer that
 	// lost the partition stops as soon as its successor has committed once.
@@ -104,8 +104,10 @@ func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p Partition, offset
 // ResumeOffsets returns, for each partition of assigned (topic → partition
 // numbers) that has a stored offset, the offset to resume consuming from: the
 // last processed one plus 1. Seek every assigned partition to it before
-// processing any of its records (franz-go: in OnPartitionsAssigned, with
-// SetOffsets). Partitions without a stored offset are left out: nothing of
+// processing any of its records. With franz-go, return it from
+// kgo.AdjustFetchOffsetsFn, which runs on every assignment after Kafka's
+// offsets are fetched and before any record is (examples/kafka does so).
+// Partitions without a stored offset are left out: nothing of
 // them was processed, so start them where the consumer group's reset policy
 // says. It is one statement.
 func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) (map[string]map[int32]int64, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,7 +85,7 @@ GREATEST(c.reltuples, 0)::bigint
 FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
 CROSS JOIN LATERAL pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
   'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS b(m)
-WHERE i.inhparent = '`+s.messages.table+`'::pg_catalog.regclass ORDER BY 3`)
+WHERE i.inhparent = '`+s.messages.table+`'::pg_catalog.regclass ORDER BY 4`)
 	var p partitionInfo
 	_, err = pgx.ForEachRow(rows, []any{&p.oid, &p.name, &p.pending, &p.from, &p.to, &p.rows}, func() error {
 		st.parts = append(st.parts, p)
@@ -123,19 +124,20 @@ func partitionName(parent string, from time.Time) string {
 	if len(parent) > 30 {
 		parent = parent[:30]
 	}
-	name := parent + "_p" + from.UTC().Format("20060102T150405")
+	name := parent + "_p" + from.UTC().Format("20060102t150405")
 	if ms := from.Nanosecond() / int(time.Millisecond); ms != 0 || from.Nanosecond() != 0 {
 		name += fmt.Sprintf("m%03d", ms)
 	}
 	return name
 }
 
-// createPartitions creates the partitions from back before the current one
-// to partitionsAhead after it that are missing, each as a table of its own with
+// createPartitions creates the partitions from the current one to
+// partitionsAhead after it that are missing (and, given back, one covering
+// back before the current one if none is older), each as a table of its own with
 // its unique index on key and index on expires_at, then attached. Concurrent
 // Cleanups take turns through the cleaners' advisory lock. It returns the
 // partitions it created.
-func (s *Store) createPartitions(ctx context.Context, back int) ([]string, error) {
+func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]string, error) {
 	st, err := s.readPartitions(ctx)
 	if err != nil {
 		return nil, err
@@ -145,16 +147,28 @@ func (s *Store) createPartitions(ctx context.Context, back int) ([]string, error
 		have[p.from.UnixMicro()] = true
 	}
 	var created []string
-	for k := -back; k <= partitionsAhead; k++ {
+	var ddl strings.Builder
+	for k := range partitionsAhead + 1 {
 		from := st.current.Add(time.Duration(k) * st.span)
 		if have[from.UnixMicro()] {
 			continue
 		}
 		name := partitionName(st.name, from)
-		if err := s.createPartition(ctx, st, name, from, from.Add(st.span)); err != nil {
-			return created, fmt.Errorf("pgdedup: create partition %s of %s: %w", name, s.messages.table, withDetail(err))
-		}
+		ddl.WriteString(createPartitionSQL(s.messages.table, st, name, from, from.Add(st.span)))
 		created = append(created, name)
+	}
+	// One partition for the past (back, in whole spans), when there is none:
+	// for IDs imported with their times. Sealed from the start.
+	if back > 0 && (len(st.parts) == 0 || !st.parts[0].from.Before(st.current)) {
+		from := st.current.Add(-(back + st.span - 1) / st.span * st.span)
+		name := partitionName(st.name, from)
+		ddl.WriteString(createPartitionSQL(s.messages.table, st, name, from, st.current))
+		created = append(created, name)
+	}
+	if len(created) > 0 {
+		if err := s.exec(ctx, createPartitionsSQL(s.messages.table, ddl.String())); err != nil {
+			return nil, fmt.Errorf("pgdedup: create partitions %s of %s: %w", strings.Join(created, ", "), s.messages.table, withDetail(err))
+		}
 	}
 	if len(created) == 0 {
 		return nil, nil
@@ -175,25 +189,36 @@ func (s *Store) createPartitions(ctx context.Context, back int) ([]string, error
 	return made, nil
 }
 
-func (s *Store) createPartition(ctx context.Context, st *partitionState, name string, from, to time.Time) error {
-	q := st.quoted(name)
-	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
-	parent := s.messages.table
-	return s.exec(ctx, `DO $pgdedup$
+// createPartitionsSQL is one DO block creating partitions (ddl, from
+// createPartitionSQL) in one transaction, if this cleaner has the cleaners'
+// turn (an advisory lock, as for the plain layout's cleanup).
+func createPartitionsSQL(parent, ddl string) string {
+	return `DO $pgdedup$
 BEGIN
     PERFORM pg_catalog.set_config('lock_timeout', '2s', true);
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(`+cleanupLockClass+`, '`+parent+`'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4)
-       OR EXISTS (SELECT FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
-                  WHERE i.inhparent OPERATOR(pg_catalog.=) '`+parent+`'::pg_catalog.regclass::pg_catalog.oid
-                  AND c.relname OPERATOR(pg_catalog.=) '`+name+`'::pg_catalog.name) THEN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + parent + `'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4) THEN
         RETURN;
     END IF;
-    CREATE TABLE IF NOT EXISTS `+q+` (LIKE `+parent+` INCLUDING DEFAULTS);
-    CREATE UNIQUE INDEX IF NOT EXISTS `+pgx.Identifier{name + "_key"}.Sanitize()+` ON `+q+` (key);
-    CREATE INDEX IF NOT EXISTS `+pgx.Identifier{name + "_exp"}.Sanitize()+` ON `+q+` (expires_at);
-    ALTER TABLE `+parent+` ATTACH PARTITION `+q+` FOR VALUES FROM (`+bound(from)+`) TO (`+bound(to)+`);
-END
-$pgdedup$`)
+` + ddl + `END
+$pgdedup$`
+}
+
+// createPartitionSQL creates partition name, from ≤ processed_at < to, if
+// the table has no partition of that name: a table of its own with its
+// unique index on key and its index on expires_at, then attached (SHARE
+// UPDATE EXCLUSIVE on the parent: claims go on).
+func createPartitionSQL(parent string, st *partitionState, name string, from, to time.Time) string {
+	q := st.quoted(name)
+	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
+	return `    IF NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
+                   WHERE i.inhparent OPERATOR(pg_catalog.=) '` + parent + `'::pg_catalog.regclass::pg_catalog.oid
+                   AND c.relname OPERATOR(pg_catalog.=) '` + name + `'::pg_catalog.name) THEN
+        CREATE TABLE IF NOT EXISTS ` + q + ` (LIKE ` + parent + ` INCLUDING DEFAULTS);
+        CREATE UNIQUE INDEX IF NOT EXISTS ` + pgx.Identifier{name + "_key"}.Sanitize() + ` ON ` + q + ` (key);
+        CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{name + "_exp"}.Sanitize() + ` ON ` + q + ` (expires_at);
+        ALTER TABLE ` + parent + ` ATTACH PARTITION ` + q + ` FOR VALUES FROM (` + bound(from) + `) TO (` + bound(to) + `);
+    END IF;
+`
 }
 
 // exec runs one statement and discards its rows.
@@ -261,11 +286,24 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 // finalized. A detach that waits longer than detachWait for old transactions
 // is cancelled and left to the next run.
 func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped []string, rows int64, err error) {
-	for _, p := range st.parts {
+	// PostgreSQL lets one partition of a table be pending detach at a time:
+	// finish that one first.
+	parts := slices.Clone(st.parts)
+	slices.SortStableFunc(parts, func(a, b partitionInfo) int {
+		if a.pending != b.pending {
+			if a.pending {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	for _, p := range parts {
 		if p.to.After(st.sealed) {
 			break
 		}
 		q := st.quoted(p.name)
+		detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
 		if !p.pending {
 			var live bool
 			if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
@@ -274,14 +312,18 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 			if live {
 				break
 			}
+			detach = `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
 		}
-		detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
-		if p.pending {
-			detach = `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
+		err := s.execAlone(ctx, cmp.Or(s.waits.detach, defaultDetachWait), detach)
+		mine := err == nil
+		if code, _ := sqlState(err); code == "42P01" {
+			err = nil // another cleaner detached it (and drops it, as below)
 		}
-		if err := s.execAlone(ctx, cmp.Or(s.waits.detach, defaultDetachWait), detach); err != nil {
-			if code, _ := sqlState(err); code == "57014" || code == "55P03" {
-				s.log.InfoContext(ctx, "pgdedup: detach waits for old transactions", "partition", p.name, "error", err)
+		if err != nil {
+			// Cancelled after the detach wait, the lock wait over, or another
+			// cleaner's detach pending: the next run goes on.
+			if code, _ := sqlState(err); code == "57014" || code == "55P03" || code == "55000" {
+				s.log.InfoContext(ctx, "pgdedup: detach left to the next cleanup", "partition", p.name, "error", err)
 				return dropped, rows, ctx.Err()
 			}
 			return dropped, rows, fmt.Errorf("pgdedup: detach partition %s: %w", p.name, withDetail(err))
@@ -294,8 +336,10 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		if err := s.db.SendBatch(ctx, b).Close(); err != nil {
 			return dropped, rows, fmt.Errorf("pgdedup: drop detached partition %s: %w", p.name, withDetail(err))
 		}
-		dropped = append(dropped, p.name)
-		rows += p.rows
+		if mine {
+			dropped = append(dropped, p.name)
+			rows += p.rows
+		}
 	}
 	return dropped, rows, nil
 }

@@ -21,8 +21,8 @@ var ErrTableNotEmpty = errors.New("pgdedup: the table holds rows")
 // table partitioned by claim time (same name, same columns, same privileges,
 // plus SELECT on pgdedup_partitions for every role that may insert), records
 // its partition span (Retention ÷ [Config.Partitions]) in pgdedup_partitions,
-// and creates the partitions for the past Retention (for IDs imported with
-// their times: see docs/partitioning.md) and the next spans. Run it once
+// and creates the partitions for the next spans, and one for the past
+// Retention (for IDs imported with their times: see docs/partitioning.md). Run it once
 // after Migrate,
 // as the table's owner, before any consumer claims: it is idempotent, and on
 // a table already partitioned it only creates missing partitions.
@@ -73,7 +73,7 @@ func (s *Store) Setup(ctx context.Context) error {
 	s.found.Store(nil) // look the layout up again
 	// Partitions for the past Retention too, for IDs imported with their
 	// original times (sealed already: no claim chooses them).
-	if _, err := s.createPartitions(ctx, int((s.cfg.Retention+span-1)/span)); err != nil {
+	if _, err := s.createPartitions(ctx, s.cfg.Retention); err != nil {
 		return err
 	}
 	return nil

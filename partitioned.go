@@ -38,8 +38,12 @@ import (
 // PostgreSQL server.
 type partitionedLayout struct {
 	plainPlacement
-	claim      string // $1 consumer, $2 id, $3 key
+	// claimWith are the claims of one ID by claimVariant, as in
+	// messageStatements: $1 consumer, $2 id, $3 key, then $4 the retention
+	// in microseconds and/or the fingerprint.
+	claimWith  [4]string
 	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
+	lookupSQL  string // $1 consumer, $2 id, $3 key: the newest row
 }
 
 // partitionOrigin is where partition spans are counted from: partitions
@@ -70,21 +74,8 @@ FROM (SELECT pg_catalog.clock_timestamp() AS t) c LEFT JOIN ` + meta + ` p ON p.
 h AS MATERIALIZED (SELECT g FROM m, pg_catalog.generate_series(m.sealed, m.lo - m.span, m.span) g),
 `
 	cols := ` (key, consumer, message_id, processed_at, expires_at)`
-	return partitionedLayout{
+	l := partitionedLayout{
 		plainPlacement: plainPlacement(m.lockTimeoutMS),
-		// The sealed partitions are looked up (the Append prunes the others
-		// at run time); the unsealed ones are inserted into, oldest first,
-		// and the current one last, only when every older one took the key.
-		claim: head + `seen AS MATERIALIZED (
-SELECT EXISTS (SELECT FROM ` + t + ` x WHERE x.key = $3::uuid AND x.processed_at < (SELECT sealed FROM m)) AS found),
-older AS (
-INSERT INTO ` + t + cols + `
-SELECT $3::uuid, $1::text, $2::text, h.g, ` + m.expires + ` FROM h WHERE NOT (SELECT found FROM seen) ORDER BY h.g
-ON CONFLICT DO NOTHING RETURNING 1)
-INSERT INTO ` + t + cols + `
-SELECT $3::uuid, $1::text, $2::text, m.at, ` + m.expires + ` FROM m
-WHERE NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT count(*) FROM h)
-ON CONFLICT DO NOTHING`,
 		// The same for many keys. Rows go in (partition, key) order, older
 		// partitions first: every claim takes its rows' locks in that one
 		// order, so overlapping batches cannot deadlock.
@@ -102,13 +93,75 @@ WHERE ids.k NOT IN (SELECT key FROM seen) AND ((SELECT count(*) FROM h) = 0 OR i
 ORDER BY ids.n
 ON CONFLICT DO NOTHING
 RETURNING message_id`,
+		// Hand-over copies carry the start of their partition as
+		// processed_at: the newest row is the claim's own.
+		lookupSQL: `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2
+ORDER BY processed_at DESC LIMIT 1`,
 	}
+	for v := range l.claimWith {
+		cols, values, exp, n := cols, "", m.expires, 4
+		if v&claimRetention != 0 {
+			exp = fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
+			n++
+		}
+		if v&claimFingerprint != 0 {
+			cols = strings.TrimSuffix(cols, ")") + ", fingerprint)"
+			values = fmt.Sprintf(", $%d::bytea", n)
+		}
+		// The sealed partitions are looked up (the Append prunes the others
+		// at run time); the unsealed ones are inserted into, oldest first,
+		// and the current one last, only when every older one took the key.
+		l.claimWith[v] = head + `seen AS MATERIALIZED (
+SELECT EXISTS (SELECT FROM ` + t + ` x WHERE x.key = $3::uuid AND x.processed_at < (SELECT sealed FROM m)) AS found),
+older AS (
+INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, h.g, ` + exp + values + ` FROM h WHERE NOT (SELECT found FROM seen) ORDER BY h.g
+ON CONFLICT DO NOTHING RETURNING 1)
+INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, m.at, ` + exp + values + ` FROM m
+WHERE NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT count(*) FROM h)
+ON CONFLICT DO NOTHING`
+	}
+	return l
 }
 
-func (l partitionedLayout) claimOne(c *idClaim) statement {
-	return statement{sql: l.claim, args: []any{c.store.cfg.Consumer, c.id, Key(c.store.cfg.Consumer, c.id)},
-		affected: func(n int64) { c.claimed = n == 1 }}
+// claimOne is the hand-over claim, with a SELECT after it for a fingerprint
+// or a stored result, as on the plain table (all copies of a claim carry the
+// same values).
+func (l partitionedLayout) claimOne(c *idClaim) []statement {
+	s := c.store
+	args := []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)}
+	variant, claimArgs := 0, args
+	if c.opts.retention != 0 {
+		variant |= claimRetention
+		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.retention.Microseconds())
+	}
+	if c.opts.fingerprint != nil {
+		variant |= claimFingerprint
+		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.fingerprint)
+	}
+	sts := []statement{{sql: l.claimWith[variant], args: claimArgs, affected: func(n int64) { c.claimed = n == 1 }}}
+	switch {
+	case c.withResult:
+		sts = append(sts, statement{sql: s.messages.storedResult, args: args, row: c.scanStored})
+	case c.opts.fingerprint != nil:
+		sts = append(sts, statement{sql: s.messages.storedFingerprint, args: args, row: c.scanStored})
+	}
+	return sts
 }
+
+// storeResult updates every copy of the ID's row.
+func (l partitionedLayout) storeResult(c *idClaim, result []byte) statement {
+	return plainLayout{}.storeResult(c, result)
+}
+
+func (l partitionedLayout) lookup(r *lookupRow) statement {
+	s := r.store
+	return statement{sql: l.lookupSQL, args: []any{s.cfg.Consumer, r.id, Key(s.cfg.Consumer, r.id)}, row: r.scan}
+}
+
+// forget deletes every copy of the ID's row.
+func (l partitionedLayout) forget(c *forgetClaim) []statement { return forgetStatements(l, c) }
 
 func (l partitionedLayout) claimMany(c *batchClaim) []statement {
 	s := c.store

@@ -95,14 +95,32 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // COMMIT the outcome is unknown; the retry finds the ID if that commit landed
 // and then reports a duplicate, so processed may be false for a message whose
 // effects this call committed.
-func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (processed bool, err error) {
-	if err := ValidateMessageID(messageID); err != nil {
+//
+// opts are per-call options: [WithFingerprint] (a reused ID with another
+// payload returns [ErrPayloadMismatch]), [WithRetention] and [WithSentAt] (a
+// message too old to dedup returns [ErrTooLate]). Without them Process sends
+// the same statements as it always did.
+func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) error, opts ...Option) (processed bool, err error) {
+	c, err := s.newIDClaim(messageID, opts)
+	if err != nil {
 		return false, err
 	}
 	if fn == nil {
 		return false, errNilFunc
 	}
-	return s.process(ctx, &idClaim{store: s, id: messageID}, fn)
+	return s.process(ctx, c, fn)
+}
+
+// newIDClaim validates messageID and opts and prepares their claim.
+func (s *Store) newIDClaim(messageID string, opts []Option) (*idClaim, error) {
+	if err := ValidateMessageID(messageID); err != nil {
+		return nil, err
+	}
+	o, err := s.callOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &idClaim{store: s, id: messageID, opts: o}, nil
 }
 
 // ProcessBatch is [Store.Process] for many messages at once: one transaction claims all

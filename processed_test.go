@@ -340,14 +340,12 @@ func TestLockTimeoutReturnsErrInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	start := time.Now()
+	// The holder stays open and the session has no lock_timeout of its own:
+	// only LockTimeout can end the wait with ErrInFlight.
 	calls := 0
 	processed, err := b.store.Process(ctx, "msg-1", func(context.Context, pgx.Tx) error { calls++; return nil })
 	if !errors.Is(err, pgdedup.ErrInFlight) || processed || calls != 0 {
 		t.Fatalf("processed=%v err=%v calls=%d, want ErrInFlight and fn not called", processed, err, calls)
-	}
-	if waited := time.Since(start); waited > 5*time.Second {
-		t.Fatalf("gave up after %s, want about LockTimeout", waited)
 	}
 	if inFlight.Load() != 1 {
 		t.Fatalf("%d messages reported in flight, want 1", inFlight.Load())

@@ -9,7 +9,7 @@ import (
 )
 
 // The ambiguous commit (the connection cut around COMMIT) is tested, with
-// Process and ProcessBatch under load, in internal/faults (TestAmbiguousCommit).
+// Process and ProcessBatch under load, in internal/testing/faults (TestAmbiguousCommit).
 
 // Round trips, counted on the wire after the statements are prepared: a new
 // message costs what the bare transaction costs (BEGIN+claim, fn's insert,

@@ -19,11 +19,13 @@ import (
 // business of whoever owns tx. It reports duplicates and in-flight give-ups
 // to [Config.OnEvent]; [EventProcessed] is the Process calls' alone, since
 // only the owner of tx knows whether it commits.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string) (claimed bool, err error) {
-	if err := ValidateMessageID(messageID); err != nil {
+//
+// opts are as in [Store.Process]. A [PayloadMismatchError] leaves tx usable.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...Option) (claimed bool, err error) {
+	c, err := s.newIDClaim(messageID, opts)
+	if err != nil {
 		return false, err
 	}
-	c := &idClaim{store: s, id: messageID}
 	if err := s.claimInTx(ctx, tx, c); err != nil {
 		return false, err
 	}

@@ -381,8 +381,8 @@ func (b *bench) growthTable(ctx context.Context, v, rows int, keep bool) (t *gro
 // they were "claimed", all before the claims of the run.
 //
 // Load order decides index density. Inserting random keys one by one into a
-// btree leaves its leaves about 70% full (measured: 72% at 1M rows, from
-// pgstattuple), while CREATE INDEX after a bulk load packs them to its
+// btree leaves its leaves about 70% full (each split leaves two half-full
+// pages that fill up again), while CREATE INDEX after a bulk load packs them to its
 // fillfactor (90% by default), an index that then splits on nearly every
 // claim. So the heap is loaded first and the primary key built after with
 // fillfactor 72: as dense as a table that grew claim by claim, at the speed

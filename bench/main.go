@@ -1,10 +1,20 @@
 // Command bench measures pgdedup side by side with the bare business
 // transaction and the Redis SET NX recipe, on one machine, in one process,
-// and prints the results as markdown. See BENCHMARKS.md at the repository root.
+// and prints the results as markdown, opened by a header that names the
+// command, the machine, the PostgreSQL version and the date.
 //
-// From the repository root:
+// From the repository root (-o is relative to bench/):
 //
-//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go run -C bench . -o /tmp/bench.md
+//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go run -C bench . -o results/bench.md
+//
+// The parts (-only): accounting counts round trips on the wire and WAL bytes
+// per message; messages and delayed (+250µs each way through a proxy) run the
+// bare business transaction, a hand-written pgx pipeline of Process's SQL,
+// Process, Claim, the Redis SET NX recipe and the duplicate path in
+// interleaved rounds, so drift of a shared machine hits all alike; batch runs
+// ClaimBatch; cleanup deletes expired rows with Process alongside. Only when
+// named: soak (a throwaway cluster at a fixed rate with RunCleaner), citus
+// (a Citus coordinator, -citus-url) and growth (a table of millions of rows).
 //
 // It works in a schema of its own, created and dropped, and under Redis keys
 // of its own, deleted at the end.
@@ -44,6 +54,7 @@ type config struct {
 	only            []string
 	out             string
 	cpuProfile      string
+	args            []string // the command line, for the report's header
 
 	soak   soakConfig   // -only soak
 	growth growthConfig // -only growth
@@ -65,7 +76,7 @@ var optionalParts = []string{"soak", "citus", "growth", "steady"}
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	c := config{accountMessages: 200, accountReps: 5}
+	c := config{accountMessages: 200, accountReps: 5, args: redactArgs(args)}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@localhost:5432/postgres?sslmode=disable"),

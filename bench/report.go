@@ -14,6 +14,7 @@ type report struct {
 	took                  time.Duration
 	loadBefore, loadAfter string
 	machine               []string
+	settings              map[string]string // the server settings machine reported
 
 	costs     map[string]cost
 	walMethod string
@@ -27,15 +28,16 @@ type report struct {
 func (r *report) markdown() string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	p("## pgdedup benchmark run\n\n")
-	p("Run %s UTC, took %s. Load average (1, 5, 15 min) before: **%s**; after: **%s**.\n\n",
-		r.start.UTC().Format("2006-01-02 15:04"), r.took.Round(time.Second), r.loadBefore, r.loadAfter)
+	p("%s", header(r.cfg.args, r.start, r.took, r.loadBefore, r.loadAfter))
 	for _, m := range r.machine {
 		p("- %s\n", m)
 	}
 	p("- Method: %d interleaved rounds of %s per scenario after a warm-up round, the order rotating each round; "+
 		"throughput and latency are medians over rounds; a ratio is the median over rounds of the ratio within the round.\n",
 		r.cfg.rounds, r.cfg.round)
+	for _, n := range r.proportions() {
+		p("- %s\n", n)
+	}
 
 	if r.costs != nil {
 		p("\n### Round trips and WAL per message\n\n")
@@ -136,4 +138,20 @@ func yesNo(ok bool) string {
 		return "yes"
 	}
 	return "**no**"
+}
+
+// proportions marks what makes these figures those of a toy, not of a
+// production table: a figure read without it would be trusted too far.
+func (r *report) proportions() []string {
+	var notes []string
+	if r.costs != nil || r.tables != nil || r.batches != nil || r.cleanup != nil || r.citus != nil || r.growth != nil {
+		notes = append(notes, "Toy proportions: the tables these parts write to hold minutes of messages, not rate × Retention "+
+			"(a production table spans hundreds of checkpoint cycles). WAL per message here is that of a small table, "+
+			"whose index leaves are mostly imaged once per checkpoint; on a big table it is several times higher "+
+			"(docs/operations.md, sizing). Cleanup's expired rows are inserted in bulk just before it runs.")
+	}
+	if r.settings["fsync"] == "off" || r.settings["synchronous_commit"] == "off" {
+		notes = append(notes, "fsync or synchronous_commit is off: commit latencies are not those of a durable server.")
+	}
+	return notes
 }

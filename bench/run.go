@@ -30,7 +30,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		return err
 	}
 	defer b.close()
-	if rep.machine, err = b.machine(ctx); err != nil {
+	if rep.machine, rep.settings, err = b.machine(ctx); err != nil {
 		return err
 	}
 
@@ -93,15 +93,16 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 // It fails when the soak fails one of its checks.
 func soak(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	prog := newProgress(stderr, 3+int(cfg.soak.duration/cfg.soak.sampleEvery))
-	loadBefore := loadAverage()
+	start, loadBefore := time.Now(), loadAverage()
 	r, err := runSoak(ctx, cfg.soak, prog)
 	prog.finish()
 	if err != nil {
 		return err
 	}
-	md := r.markdown(loadBefore, loadAverage())
+	loadAfter := loadAverage()
+	md := r.markdown(loadBefore, loadAfter)
 	if slices.Equal(cfg.only, []string{"soak"}) {
-		err = write(cfg, stdout, md)
+		err = write(cfg, stdout, header(cfg.args, start, time.Since(start), loadBefore, loadAfter)+"\n"+md)
 	} else {
 		err = appendTo(cfg, stdout, md)
 	}
@@ -187,29 +188,32 @@ func plannedSteps(cfg config) int {
 	return n
 }
 
-// machine describes where the numbers come from: CPU, Go, Postgres and its
-// settings (reported, never changed), Redis.
-func (b *bench) machine(ctx context.Context) ([]string, error) {
+// machine describes where the numbers come from, beside header's CPU and
+// RAM: Postgres and its settings (reported, never changed, and returned by
+// name), Redis.
+func (b *bench) machine(ctx context.Context) ([]string, map[string]string, error) {
 	var pgVersion string
 	if err := b.admin.QueryRow(ctx, `SELECT version()`).Scan(&pgVersion); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rows, err := b.admin.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name`,
 		[]string{"synchronous_commit", "fsync", "wal_sync_method", "full_page_writes", "wal_level", "shared_buffers",
 			"wal_buffers", "max_wal_size", "checkpoint_timeout", "autovacuum", "commit_delay", "max_connections"})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var settings []string
+	byName := map[string]string{}
 	for rows.Next() {
 		var name, setting string
 		if err := rows.Scan(&name, &setting); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		settings = append(settings, name+"="+setting)
+		byName[name] = setting
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: b.cfg.redisAddr})
 	defer rdb.Close()
@@ -221,12 +225,11 @@ func (b *bench) machine(ctx context.Context) ([]string, error) {
 		redisInfo += ", appendonly=" + v["appendonly"]
 	}
 	return []string{
-		fmt.Sprintf("CPU: %d cores (%s), GOMAXPROCS %d, %s/%s, %s",
-			runtime.NumCPU(), cpuModel(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version()),
+		fmt.Sprintf("GOMAXPROCS %d", runtime.GOMAXPROCS(0)),
 		"PostgreSQL: " + strings.SplitN(pgVersion, ",", 2)[0] + ", on the same machine",
 		"Postgres settings (server defaults of this machine, not tuned): " + strings.Join(settings, ", "),
 		"Redis: " + redisInfo + ", on the same machine",
-	}, nil
+	}, byName, nil
 }
 
 func field(text, prefix string) string {

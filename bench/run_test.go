@@ -90,7 +90,7 @@ func TestRunPrintsEveryTableAndCleansUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"### Round trips and WAL", "### Messages, loopback", "### Messages, +250µs each way",
-		"### ClaimBatch", "### Cleanup", "### Targets", "| Store.Process | ", "2 workers: msgs/s", "| 1,000 | 50% | ", "Load average"} {
+		"### ClaimBatch", "### Cleanup", "### Targets", "| Store.Process | ", "2 workers: msgs/s", "| 1,000 | 50% | ", "Load average", "Written by `go run -C bench . ", "RAM", "Toy proportions"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

@@ -492,6 +492,9 @@ func (r soakResult) markdown(loadBefore, loadAfter string) string {
 		"%d workers calling `Store.Process` (one business row each), `Retention` %s, `RunCleaner` every %s, for %s, "+
 		"on a throwaway cluster with autovacuum on.\n\n", c.rate, 100*c.dupShare, c.workers, c.retention, c.cleanEach, c.duration)
 	fmt.Fprintf(&b, "- Server: %s\n", r.server)
+	fmt.Fprintf(&b, "- Toy proportions: a Retention of %s spans few checkpoint cycles, and the throwaway cluster runs "+
+		"with fsync and full_page_writes off. This shows the table's shape over time (rows, dead tuples, size), "+
+		"not production WAL or latency.\n", c.retention)
 	fmt.Fprintf(&b, "- Machine: %d cores, load average %s before, %s after\n", runtime.NumCPU(), loadBefore, loadAfter)
 	fmt.Fprintf(&b, "- Sent %d new messages and %d redeliveries; %d cleanup runs\n\n", r.sent, r.dupsSent, r.cleanups)
 	b.WriteString("| t | rows | dead tuples | heap | indexes | heap + indexes | autovacuums | deleted by cleaner | Process p99 (ms) |\n")

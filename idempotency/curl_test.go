@@ -21,7 +21,7 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// TestDocsCurlExamples runs each curl command of docs/http-and-sql.md, as
+// TestDocsCurlExamples runs each curl command of docs/integrations.md, as
 // written there, against the server that page shows, and checks the status
 // (and "replayed") its comment announces. Needs curl on PATH.
 func TestDocsCurlExamples(t *testing.T) {
@@ -33,7 +33,7 @@ func TestDocsCurlExamples(t *testing.T) {
 		}
 		t.Skip("curl is not installed")
 	}
-	commands := docsCurlCommands(t, "../docs/http-and-sql.md")
+	commands := docsCurlCommands(t, "../docs/integrations.md")
 	if len(commands) < 6 {
 		t.Fatalf("found %d curl commands in the docs, want the page's 7", len(commands))
 	}
@@ -99,7 +99,7 @@ func docsCurlCommands(t *testing.T, path string) []curlCommand {
 	return cmds
 }
 
-// ordersServer is the orders-api of docs/http-and-sql.md, on a test schema.
+// ordersServer is the orders-api of docs/integrations.md, on a test schema.
 func ordersServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Helper()
 	db := pgtest.New(t)
@@ -196,11 +196,11 @@ func TestCurlKeyForms(t *testing.T) {
 	}
 }
 
-// The conformance table of docs/http-and-sql.md names the tests that show each
+// The conformance table of docs/integrations.md names the tests that show each
 // requirement met: they must exist.
 func TestDocsNameExistingTests(t *testing.T) {
 	t.Parallel()
-	doc, err := os.ReadFile("../docs/http-and-sql.md")
+	doc, err := os.ReadFile("../docs/integrations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestDocsNameExistingTests(t *testing.T) {
 	}
 	for _, m := range names {
 		if !strings.Contains(sources.String(), "func "+string(m[1])+"(") {
-			t.Errorf("docs/http-and-sql.md names %s, which no test file of idempotency/, the root package or examples/chi defines", m[1])
+			t.Errorf("docs/integrations.md names %s, which no test file of idempotency/, the root package or examples/chi defines", m[1])
 		}
 	}
 }

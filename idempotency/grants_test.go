@@ -17,7 +17,7 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// The column-level grants of docs/pgbouncer-security.md, role by role. %s is
+// The column-level grants of docs/operations.md, role by role. %s is
 // the role.
 var (
 	consumerGrants = []string{`GRANT INSERT, SELECT (message_id) ON processed_messages TO %s`}

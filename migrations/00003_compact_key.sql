@@ -5,7 +5,7 @@
 -- consumer and the whole ID, so the index that every claim writes to is about
 -- half the size, and each checkpoint cycle dirties fewer of its pages (fewer
 -- full-page images in the WAL). consumer and message_id stay as plain columns.
--- Measured side by side: docs/operations.md (sizing) and BENCHMARKS.md.
+-- Sizing: docs/operations.md.
 --
 -- The migration upgrades a populated table in place, while services (old or
 -- new code) keep claiming: nothing below holds a lock that blocks claims for

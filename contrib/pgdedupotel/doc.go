@@ -23,6 +23,6 @@
 // outcomes; the pattern's rule of thumb is that above 50% something upstream
 // is wrong (a producer retrying too eagerly, a consumer too slow to ack).
 // Names follow the OpenTelemetry semantic conventions for messaging where one
-// applies; docs/observability.md in the repository says where and why they
+// applies; docs/integrations.md in the repository says where and why they
 // deviate.
 package pgdedupotel

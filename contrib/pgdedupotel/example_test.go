@@ -11,14 +11,14 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupotel"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // OnEvent goes into the Store's Config; Trace wraps the Store. A service
 // passes its own providers (or none: the global ones); this example reads the
 // metrics back with a ManualReader.
 func Example() {
-	pool, done := pgtest.ForExample()
+	pool, done := pgdeduptest.ForExample()
 	defer done()
 	ctx := context.Background()
 	reader := sdkmetric.NewManualReader()

@@ -10,14 +10,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // setup returns a migrated schema with a charges table, and a Store on it.
 func setup(t *testing.T, cfg pgdedup.Config) (*pgxpool.Pool, *pgdedup.Store) {
 	t.Helper()
-	db := pgtest.New(t)
-	pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+	db := pgdeduptest.New(t)
+	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
 	store, err := pgdedup.New(db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,7 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupotel"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
-	"github.com/pgdedup/pgdedup/internal/wireproxy"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // The metrics equal what happened: each delivery, by outcome, against the
@@ -56,7 +55,7 @@ func TestOnEventCountsWhatHappened(t *testing.T) {
 	if _, err := store.Process(ctx, "bad", func(context.Context, pgx.Tx) error { return errors.New("card declined") }); err == nil {
 		t.Fatal("want fn's error")
 	}
-	held := pgtest.HoldClaim(t, pool, store, "h")
+	held := pgdeduptest.HoldClaim(t, pool, store, "h")
 	if _, err := store.Process(ctx, "h", charge("h")); !errors.Is(err, pgdedup.ErrInFlight) { // in_flight 1
 		t.Fatalf("in flight: %v", err)
 	}
@@ -66,7 +65,7 @@ func TestOnEventCountsWhatHappened(t *testing.T) {
 	if err := held.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pgtest.Exec(t, pool, `INSERT INTO processed_messages (consumer, message_id, expires_at)
+	pgdeduptest.Exec(t, pool, `INSERT INTO processed_messages (consumer, message_id, expires_at)
 SELECT 'emails', 'old-' || g, now() - interval '1 minute' FROM generate_series(1, 5) g`)
 	deleted, err := store.Cleanup(ctx)
 	if err != nil || deleted != 5 {
@@ -74,8 +73,8 @@ SELECT 'emails', 'old-' || g, now() - interval '1 minute' FROM generate_series(1
 	}
 
 	got := collect(t, reader)
-	charges := pgtest.Count(t, pool, `SELECT count(*) FROM charges`)
-	ids := pgtest.Count(t, pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing'`)
+	charges := pgdeduptest.Count(t, pool, `SELECT count(*) FROM charges`)
+	ids := pgdeduptest.Count(t, pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'billing'`)
 	if charges != 4 || ids != 4 {
 		t.Fatalf("database: %d charges, %d IDs recorded; want a, b, c, r", charges, ids)
 	}
@@ -167,45 +166,4 @@ func collect(t *testing.T, reader sdkmetric.Reader) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// A connection cut at COMMIT is a retry with error.type connection. If the
-// COMMIT had not reached the server, the retry processes the message; if it
-// had (the ambiguous commit), the retry finds the ID and the message counts
-// as a duplicate, although this very call charged it: the metrics count
-// attempts as Postgres saw them, and the charge is there once either way.
-func TestOnEventCountsCutCommits(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		how     wireproxy.Cut
-		outcome string
-	}{{wireproxy.CutBeforeCommit, "processed"}, {wireproxy.CutAfterCommit, "duplicate"}} {
-		t.Run(tc.outcome, func(t *testing.T) {
-			t.Parallel()
-			reader := sdkmetric.NewManualReader()
-			onEvent, err := pgdedupotel.OnEvent(pgdedupotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			db := pgtest.New(t)
-			pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
-			proxy, proxied := pgtest.NewProxy(t, db.URL, wireproxy.Config{})
-			store, err := pgdedup.New(pgtest.Pool(t, proxied, 2), pgdedup.Config{Consumer: "billing", OnEvent: onEvent})
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxy.CutCommits(1, tc.how)
-			if _, err := store.Process(ctxT(t), "a", charge("a")); err != nil {
-				t.Fatal(err)
-			}
-			if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`); n != 1 {
-				t.Fatalf("%d charges, want 1", n)
-			}
-			got := collect(t, reader)
-			const c = "messaging.consumer.group.name=billing"
-			if got["pgdedup.retries{error.type=connection,"+c+"}"] != 1 || got["pgdedup.messages{"+c+",pgdedup.outcome="+tc.outcome+"}"] != 1 {
-				t.Errorf("collected %v: want one retry (connection) and one message %s", got, tc.outcome)
-			}
-		})
-	}
 }

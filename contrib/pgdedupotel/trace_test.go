@@ -16,7 +16,7 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupotel"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // Each call is one span that says how it ended, and fn runs inside it.
@@ -52,7 +52,7 @@ func TestTraceSpansSayTheOutcome(t *testing.T) {
 	if _, err := store.Process(ctx, "r", failOnce(charge("r"))); err != nil {
 		t.Fatal(err)
 	}
-	held := pgtest.HoldClaim(t, pool, plain, "h")
+	held := pgdeduptest.HoldClaim(t, pool, plain, "h")
 	if _, err := store.Process(ctx, "h", charge("h")); !errors.Is(err, pgdedup.ErrInFlight) {
 		t.Fatalf("h: %v", err)
 	}
@@ -110,7 +110,7 @@ func TestTraceSpansSayTheOutcome(t *testing.T) {
 	if n, _ := batch.Value(pgdedupotel.AttrFreshCount); n.AsInt64() != 2 {
 		t.Errorf("fresh %v, want 2", n)
 	}
-	if got := pgtest.Count(t, pool, `SELECT count(*) FROM charges`); got != 4 { // a, r, b, c
+	if got := pgdeduptest.Count(t, pool, `SELECT count(*) FROM charges`); got != 4 { // a, r, b, c
 		t.Errorf("%d charges, want 4", got)
 	}
 }

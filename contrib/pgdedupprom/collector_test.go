@@ -18,7 +18,7 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupprom"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 var perConsumer = []string{"pgdedup_stats_up", "pgdedup_rows", "pgdedup_expired_rows",
@@ -28,7 +28,7 @@ var perConsumer = []string{"pgdedup_stats_up", "pgdedup_rows", "pgdedup_expired_
 // then what a Cleanup left.
 func TestCollectorExportsTheTable(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx := context.Background()
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Retention: time.Hour})
 	if err != nil {
@@ -109,7 +109,7 @@ pgdedup_rows{consumer="billing",table="processed_messages"} 2
 // Indexes, dead tuples and vacuums are exported as Stats reads them.
 func TestCollectorExportsIndexesAndVacuum(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx := context.Background()
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
 	if err != nil {
@@ -169,7 +169,7 @@ SELECT 'billing', 'm' || g, now() - interval '1 minute' FROM generate_series(1, 
 // scrape itself succeeds.
 func TestCollectorReportsAFailedRead(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Table: "ops.nowhere"})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ pgdedup_stats_up{table="ops.nowhere"} 0
 // reads on every scrape.
 func TestCollectorMaxAgeReusesARead(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +219,7 @@ func TestCollectorMaxAgeReusesARead(t *testing.T) {
 // many scrapes, counted on the wire.
 func TestCollectorDefaultMaxAgeReadsOnce(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)

@@ -10,13 +10,13 @@ import (
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/contrib/pgdedupprom"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A service registers the collector next to its own metrics and serves them
 // with promhttp.Handler(); here the registry is read back directly.
 func ExampleNewCollector() {
-	pool, done := pgtest.ForExample()
+	pool, done := pgdeduptest.ForExample()
 	defer done()
 	ctx := context.Background()
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})

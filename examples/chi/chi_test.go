@@ -9,14 +9,14 @@ import (
 	"testing"
 
 	"github.com/pgdedup/pgdedup/idempotency"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // Through chi's r.Use(mw.Wrap): reads and the docs page pass through without a
 // key, writes need one and are made idempotent per user.
 func TestChiRouterUse(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	router, err := newRouter(context.Background(), db.Pool, []byte("chi example test secret of 32+ bytes"))
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func TestChiRouterUse(t *testing.T) {
 			t.Errorf("%s without a key: 400", method)
 		}
 	}
-	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM orders`); n != 2 {
+	if n := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM orders`); n != 2 {
 		t.Fatalf("%d orders, want alice's and bob's", n)
 	}
 }

@@ -6,17 +6,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A tiny compare run: every scenario consumes its records, the offsets keep
 // one row per partition and the other method one per record, and the scratch
 // schema is dropped.
 func TestCompare(t *testing.T) {
-	url := pgtest.URL(t)
-	db := pgtest.New(t) // only to count schemas
+	url := pgdeduptest.URL(t)
+	db := pgdeduptest.New(t) // only to count schemas
 	schemas := func() int {
-		return pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_compare\_%'`)
+		return pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_compare\_%'`)
 	}
 	before := schemas()
 	var out bytes.Buffer

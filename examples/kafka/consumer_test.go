@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
@@ -45,7 +45,7 @@ func TestFailedBatchesAreFetchedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cluster.Close)
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	if err := migrate(ctx, db.Pool); err != nil {
@@ -89,7 +89,7 @@ func TestFailedBatchesAreFetchedAgain(t *testing.T) {
 	wg.Wait()
 
 	checkCharges(t, db, want)
-	if n := pgtest.Count(t, db.Pool, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
+	if n := pgdeduptest.Count(t, db.Pool, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
 		t.Errorf("records applied: %d, want each of the %d records once", n, len(recs))
 	}
 	failed := strings.Count(logs.String(), "outcome=failed")

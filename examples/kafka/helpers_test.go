@@ -5,17 +5,17 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
-func countCharged(t *testing.T, db *pgtest.DB) int {
+func countCharged(t *testing.T, db *pgdeduptest.DB) int {
 	t.Helper()
-	return pgtest.Count(t, db.Pool, "SELECT count(DISTINCT order_id) FROM charges")
+	return pgdeduptest.Count(t, db.Pool, "SELECT count(DISTINCT order_id) FROM charges")
 }
 
 // checkCharges asserts that charges holds exactly one row per order of want,
 // with its customer and amount, and nothing else.
-func checkCharges(t *testing.T, db *pgtest.DB, want map[string]Order) {
+func checkCharges(t *testing.T, db *pgdeduptest.DB, want map[string]Order) {
 	t.Helper()
 	rows, err := db.Pool.Query(context.Background(), "SELECT order_id, customer, amount_cents, count(*) OVER (PARTITION BY order_id) FROM charges")
 	if err != nil {

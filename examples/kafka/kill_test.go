@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledConsumersChargeEachOrderOnce produces a few thousand orders (some
@@ -40,7 +40,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	}
 	t.Cleanup(cluster.Close)
 	brokers := cluster.ListenAddrs()
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	if err := migrate(ctx, db.Pool); err != nil {
@@ -166,20 +166,20 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	elapsed := time.Since(start)
 
 	checkCharges(t, db, want)
-	if n := pgtest.Count(t, db.Pool, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
+	if n := pgdeduptest.Count(t, db.Pool, "SELECT coalesce(sum(records), 0) FROM records_seen"); n != len(recs) {
 		t.Errorf("records applied: %d, want each of the %d records once", n, len(recs))
 	}
-	if n := pgtest.Count(t, db.Pool, "SELECT count(*) FROM processed_offsets WHERE consumer = 'billing'"); n != partitions {
+	if n := pgdeduptest.Count(t, db.Pool, "SELECT count(*) FROM processed_offsets WHERE consumer = 'billing'"); n != partitions {
 		t.Errorf("processed_offsets holds %d rows for billing, want one per partition: %d", n, partitions)
 	}
-	if n := pgtest.Count(t, db.Pool, "SELECT count(*) FROM processed_messages"); n != 0 {
+	if n := pgdeduptest.Count(t, db.Pool, "SELECT count(*) FROM processed_messages"); n != 0 {
 		t.Errorf("processed_messages holds %d rows: offsets need none", n)
 	}
 	var total logCounts
 	for _, p := range all {
 		total.add(p.log.counts())
 	}
-	rolledBack := pgtest.Count(t, db.Pool, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
+	rolledBack := pgdeduptest.Count(t, db.Pool, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
 	t.Logf("%d records (%d orders, %d produced twice, %d unparseable) on %d partitions in %s; %d consumer processes, %d SIGKILLed, 1 left, 1 paused",
 		len(recs), orders, dups, 3, partitions, elapsed.Round(time.Millisecond), len(all), killed)
 	t.Logf("batches logged %d (%d records): skipped as processed before %d records (%d batches whole), charged %d, produced twice %d, rejected %d; in-flight give-ups %d, fenced %d; assignments %d; charges rolled back by kills %d",
@@ -213,7 +213,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 // victim returns the index in live of a consumer, other than the ones in
 // spare, that has a transaction open, watching for up to half a second; or
 // else the one that logged a batch last.
-func victim(t *testing.T, db *pgtest.DB, live []*proc, spare ...*proc) int {
+func victim(t *testing.T, db *pgdeduptest.DB, live []*proc, spare ...*proc) int {
 	t.Helper()
 	candidate := func(p *proc) bool { return !slices.Contains(spare, p) }
 	for range 100 {
@@ -245,7 +245,7 @@ WHERE application_name LIKE $1 AND xact_start IS NOT NULL AND state IN ('active'
 
 // drained reports whether every partition's stored offset has reached the
 // last record produced to it.
-func drained(t *testing.T, db *pgtest.DB, topic string, recs []*kgo.Record) bool {
+func drained(t *testing.T, db *pgdeduptest.DB, topic string, recs []*kgo.Record) bool {
 	t.Helper()
 	last := map[int32]int64{}
 	for _, r := range recs {

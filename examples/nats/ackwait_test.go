@@ -8,7 +8,7 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestHandlerSlowerThanAckWait runs a consumer whose charges take longer than
@@ -19,7 +19,7 @@ import (
 func TestHandlerSlowerThanAckWait(t *testing.T) {
 	const orders = 20
 	url := natsURL(t)
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {

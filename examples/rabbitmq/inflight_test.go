@@ -14,7 +14,7 @@ import (
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A delivery whose message ID is claimed by a transaction still open elsewhere
@@ -33,7 +33,7 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			amqpURL := rabbitURL(t)
-			db := pgtest.New(t)
+			db := pgdeduptest.New(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			if err := shop.Migrate(ctx, db.Pool); err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledConsumersChargeEachOrderOnce publishes a few thousand orders
@@ -27,7 +27,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		kills     = 6
 	)
 	amqpURL := rabbitURL(t)
-	db := pgtest.New(t)
+	db := pgdeduptest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	if err := shop.Migrate(ctx, db.Pool); err != nil {

@@ -20,6 +20,8 @@ Commands:
   cleanup [--batch N] [--dry-run]
                                delete expired message IDs (for cron)
   stats [--json]               rows per consumer, expiry, table size
+  lookup --consumer C ID...    is each ID recorded, when, until when
+  forget --consumer C ID...    delete IDs' rows: their next delivery is processed
   citus distribute [--colocate TABLE:COLUMN]...
                                distribute the table over a Citus cluster
   demo                         see exactly-once against broken recipes
@@ -31,8 +33,8 @@ server's certificate and name (require only encrypts). The demo, given
 neither, uses a server on localhost:5432 or else starts a throwaway one from
 the local PostgreSQL binaries.
 
-cleanup and stats take --table (default ` + pgdedup.DefaultTable + `, optionally
-schema.table) and cover every consumer in the table.
+cleanup, stats, lookup and forget take --table (default ` + pgdedup.DefaultTable + `,
+optionally schema.table); cleanup and stats cover every consumer in it.
 Run "pgdedup <command> --help" for a command's flags and examples.
 `
 
@@ -54,6 +56,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCleanup(ctx, rest, stdout, stderr)
 	case "stats":
 		return runStats(ctx, rest, stdout, stderr)
+	case "lookup":
+		return runLookup(ctx, rest, stdout, stderr)
+	case "forget":
+		return runForget(ctx, rest, stdout, stderr)
 	case "citus":
 		return runCitus(ctx, rest, stdout, stderr)
 	case "demo":

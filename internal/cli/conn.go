@@ -214,8 +214,8 @@ func (c *command) openStore(ctx context.Context, cfg pgdedup.Config) (*pgdedup.S
 	cfg.Table = c.table
 	if err := cfg.Validate(); err != nil {
 		var ce *pgdedup.ConfigError
-		if errors.As(err, &ce) && ce.Field == "Table" {
-			return nil, nil, c.usageError("--table %s", ce.Reason)
+		if errors.As(err, &ce) && (ce.Field == "Table" || ce.Field == "Consumer") {
+			return nil, nil, c.usageError("--%s %s", strings.ToLower(ce.Field), ce.Reason)
 		}
 		return nil, nil, c.usageError("%s", err)
 	}

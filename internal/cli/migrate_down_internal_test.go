@@ -18,6 +18,7 @@ func TestDownLossesOfEachMigration(t *testing.T) {
 		"00003_compact_key.sql":           nil, // key is computed from consumer and message_id: nothing is lost
 		"00004_processed_offsets.sql":     {{table: "processed_offsets"}},
 		"00005_function_search_path.sql":  nil, // its Down reverts nothing
+		"00006_fingerprint_result.sql":    {{table: "processed_messages", columns: []string{"fingerprint", "result"}}},
 	}
 	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(names) == 0 {

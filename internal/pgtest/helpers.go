@@ -9,38 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgserver"
 )
-
-// Querier is what test code needs from the database: a pool, a connection or
-// a transaction.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Exec runs sql and fails t if it errs.
-func Exec(t testing.TB, db Querier, sql string, args ...any) {
-	t.Helper()
-	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
-// Count runs sql, a query of one integer such as SELECT count(*), and returns
-// that integer; it fails t if the query errs.
-func Count(t testing.TB, db Querier, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := db.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
 
 // CountBy runs sql, a query of (text, integer) rows such as
 // SELECT k, count(*) … GROUP BY k, and returns them as a map; it fails t if
@@ -75,25 +46,6 @@ FROM generate_series(1, $3::int) g`, consumer, prefix, n, expiresIn.Microseconds
 
 // SeedID is the i-th message ID Seed inserts with prefix.
 func SeedID(prefix string, i int) string { return fmt.Sprintf("%s%07d", prefix, i) }
-
-// HoldClaim claims id with store in a transaction of its own on db and
-// leaves that transaction open, so that a claim of id elsewhere waits for it.
-// The caller commits or rolls it back; it is rolled back when t ends.
-func HoldClaim(t testing.TB, db interface {
-	Begin(context.Context) (pgx.Tx, error)
-}, store *pgdedup.Store, id string) pgx.Tx {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if claimed, err := store.Claim(ctx, tx, id); err != nil || !claimed {
-		t.Fatalf("pgtest: holding the claim of %s: claimed=%v err=%v", id, claimed, err)
-	}
-	return tx
-}
 
 // FanOut runs f(0) … f(n-1) concurrently, waits for them all, and fails t
 // with every error they returned.

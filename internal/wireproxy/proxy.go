@@ -4,7 +4,7 @@
 // connections around COMMIT to make a commit's outcome unknown to the client.
 //
 // It is test code kept out of _test.go files so that the root module's tests,
-// internal/faults and the bench module (a module of its own in this repository,
+// internal/testing/faults and the bench module (a module of its own in this repository,
 // whose import path lies under the root's, so Go lets it import this internal
 // package) share it.
 package wireproxy

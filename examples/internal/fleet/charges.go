@@ -6,26 +6,26 @@ import (
 	"testing"
 
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // CountCharged is how many distinct orders charges holds.
-func CountCharged(t *testing.T, db *pgtest.DB) int {
+func CountCharged(t *testing.T, db *pgdeduptest.DB) int {
 	t.Helper()
-	return pgtest.Count(t, db.Pool, "SELECT count(DISTINCT order_id) FROM charges")
+	return pgdeduptest.Count(t, db.Pool, "SELECT count(DISTINCT order_id) FROM charges")
 }
 
 // CountRolledBack is how many charge INSERTs were rolled back: sequence values
 // are not given back on rollback, so each leaves a gap in charges.id.
-func CountRolledBack(t *testing.T, db *pgtest.DB) int {
+func CountRolledBack(t *testing.T, db *pgdeduptest.DB) int {
 	t.Helper()
-	return pgtest.Count(t, db.Pool, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
+	return pgdeduptest.Count(t, db.Pool, "SELECT coalesce(max(id), 0) - count(*) FROM charges")
 }
 
 // CheckCharges asserts that charges holds exactly one row per order of want,
 // with its customer and amount, and nothing else, and that pgdedup recorded
 // one message ID per order.
-func CheckCharges(t *testing.T, db *pgtest.DB, want map[string]shop.Order) {
+func CheckCharges(t *testing.T, db *pgdeduptest.DB, want map[string]shop.Order) {
 	t.Helper()
 	ctx := context.Background()
 	rows, err := db.Pool.Query(ctx, "SELECT order_id, customer, amount_cents, count(*) OVER (PARTITION BY order_id) FROM charges")

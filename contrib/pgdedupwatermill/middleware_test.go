@@ -1,0 +1,110 @@
+package pgdedupwatermill_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/contrib/pgdedupwatermill"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+func newDedup(t *testing.T, cfg pgdedupwatermill.Config) (*pgtest.DB, *pgdedupwatermill.Deduplicator) {
+	t.Helper()
+	db := pgtest.New(t)
+	pgtest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "charges"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := pgdedupwatermill.New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, d
+}
+
+// charge is a handler writing in the middleware's transaction; it counts its
+// runs and fails while fail is set.
+func charge(runs *int, fail *error) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		*runs++
+		tx := pgdedupwatermill.Tx(msg.Context())
+		if _, err := tx.Exec(msg.Context(), `INSERT INTO charges (order_id) VALUES ($1)`, msg.UUID); err != nil {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage("receipt-"+msg.UUID, nil)}, *fail
+	}
+}
+
+func TestNewRefusesNilStore(t *testing.T) {
+	if _, err := pgdedupwatermill.New(nil, pgdedupwatermill.Config{}); err == nil {
+		t.Fatal("New(nil) returned no error")
+	}
+}
+
+// A failure rolls back and records nothing, the redelivery runs the handler
+// and commits, a duplicate runs nothing and produces no message.
+func TestFailureThenRedeliveryThenDuplicate(t *testing.T) {
+	t.Parallel()
+	db, d := newDedup(t, pgdedupwatermill.Config{})
+	var runs int
+	fail := errors.New("provider down")
+	h := d.Middleware(charge(&runs, &fail))
+	msg := message.NewMessage("order-1", nil)
+	ctx := msg.Context()
+
+	if out, err := h(msg); !errors.Is(err, fail) || out != nil {
+		t.Fatalf("failing handler: %v, %v", out, err)
+	}
+	fail = nil
+	if out, err := h(msg); err != nil || len(out) != 1 {
+		t.Fatalf("redelivery: %v, %v; want the handler's receipt", out, err)
+	}
+	if out, err := h(msg); err != nil || out != nil {
+		t.Fatalf("duplicate: %v, %v; want nothing", out, err)
+	}
+	if runs != 2 || pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`) != 1 {
+		t.Fatalf("%d runs, %d charges; want 2, 1", runs, pgtest.Count(t, db.Pool, `SELECT count(*) FROM charges`))
+	}
+	if msg.Context() != ctx || pgdedupwatermill.Tx(msg.Context()) != nil {
+		t.Fatal("the message's context still carries the transaction")
+	}
+}
+
+func TestMetadataKey(t *testing.T) {
+	t.Parallel()
+	db, d := newDedup(t, pgdedupwatermill.Config{MetadataKey: "order_id"})
+	var runs int
+	var fail error
+	h := d.Middleware(charge(&runs, &fail))
+	for _, uuid := range []string{"m-1", "m-2"} { // a producer's retry: new UUID, same order
+		msg := message.NewMessage(uuid, nil)
+		msg.Metadata.Set("order_id", "order-7")
+		if _, err := h(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h(message.NewMessage("m-3", nil)); !errors.Is(err, pgdedupwatermill.ErrNoKey) {
+		t.Fatalf("no order_id: %v, want ErrNoKey", err)
+	}
+	if runs != 1 || pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'order-7'`) != 1 {
+		t.Fatalf("%d runs; want 1, keyed by order-7", runs)
+	}
+}
+
+func TestInvalidIDIsAnError(t *testing.T) {
+	t.Parallel()
+	_, d := newDedup(t, pgdedupwatermill.Config{})
+	var runs int
+	var fail error
+	if _, err := d.Middleware(charge(&runs, &fail))(message.NewMessage("", nil)); !errors.Is(err, pgdedup.ErrInvalidMessageID) || runs != 0 {
+		t.Fatalf("empty UUID: %v, %d runs", err, runs)
+	}
+	if pgdedupwatermill.Tx(context.Background()) != nil {
+		t.Fatal("Tx outside the middleware is not nil")
+	}
+}

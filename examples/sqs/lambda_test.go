@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/examples/internal/fleet"
+	"github.com/pgdedup/pgdedup/examples/internal/shop"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// TestLambdaHandlerOnRealEventPayloads calls the Lambda handler with SQS
+// event payloads in the JSON Lambda sends (testdata/): a first batch, the
+// same batch redelivered, and a batch with a partial failure. Only the
+// failed messages come back in BatchItemFailures; duplicates are
+// acknowledged; every order is charged once.
+func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := shop.Migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	// A charge that fails in the database: the ledger refuses blocked customers.
+	if _, err := db.Pool.Exec(ctx, `ALTER TABLE charges ADD CONSTRAINT not_blocked CHECK (customer <> 'blocked')`); err != nil {
+		t.Fatal(err)
+	}
+	out := &fleet.Log{}
+	h := newTestHandler(t, db, 50*time.Millisecond, out)
+
+	// The first batch: order a (sent twice by a retrying producer, same
+	// key, two SQS MessageIds) and order b (no key: keyed by MessageId).
+	event := loadEvent(t, "testdata/sqs-event.json")
+	if failures := invoke(t, ctx, h, event); len(failures) != 0 {
+		t.Fatalf("first batch: BatchItemFailures %v, want none", failures)
+	}
+	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}})
+
+	// SQS redelivers the whole batch (the invocation timed out after the
+	// commit, say): every message is a duplicate, acknowledged.
+	for i := range event.Records {
+		event.Records[i].Attributes["ApproximateReceiveCount"] = "2"
+	}
+	if failures := invoke(t, ctx, h, event); len(failures) != 0 {
+		t.Fatalf("redelivered batch: BatchItemFailures %v, want none (duplicates are done)", failures)
+	}
+	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}})
+
+	// A partial failure: c is fine; d is not JSON; e is for a blocked
+	// customer (its charge fails); f is being charged by another invocation
+	// right now (its key is claimed by an open transaction).
+	partial := loadEvent(t, "testdata/sqs-event-partial.json")
+	id := map[string]string{}
+	for i, o := range []string{"ord-c", "ord-d", "ord-e", "ord-f"} {
+		id[o] = partial.Records[i].MessageId
+	}
+	other := holdClaim(t, ctx, db, "charge-ord-f", shop.Order{OrderID: "ord-f", Customer: "cust-0006", AmountCents: 3100})
+	failures := invoke(t, ctx, h, partial)
+	want := []string{id["ord-d"], id["ord-e"], id["ord-f"]}
+	slices.Sort(failures)
+	slices.Sort(want)
+	if !slices.Equal(failures, want) {
+		t.Fatalf("partial batch: BatchItemFailures %v, want d, e and f %v\n%s", failures, want, out.LastLines())
+	}
+	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}, "ord-c": {"lambda"}})
+
+	// The other invocation commits; SQS redelivers the three failures. f is
+	// a duplicate now (acknowledged), d and e fail again (d goes to the
+	// dead-letter queue after maxReceiveCount).
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	partial.Records = slices.DeleteFunc(partial.Records, func(r events.SQSMessage) bool { return r.MessageId == id["ord-c"] })
+	for i := range partial.Records {
+		partial.Records[i].Attributes["ApproximateReceiveCount"] = "2"
+	}
+	failures = invoke(t, ctx, h, partial)
+	want = []string{id["ord-d"], id["ord-e"]}
+	slices.Sort(failures)
+	slices.Sort(want)
+	if !slices.Equal(failures, want) {
+		t.Fatalf("redelivered failures: BatchItemFailures %v, want d and e %v", failures, want)
+	}
+	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}, "ord-c": {"lambda"}, "ord-f": {"other"}})
+	n := out.Counts()
+	t.Logf("messages logged %d: processed %d, duplicates %d, in flight %d, failed %d, rejected %d",
+		n.Deliveries, n.Processed, n.Duplicates, n.InFlight, n.Failed, n.Rejected)
+}
+
+// newTestHandler returns the Lambda handler on db's charges, logging every
+// message's outcome to out.
+func newTestHandler(t *testing.T, db *pgtest.DB, lockTimeout time.Duration, out *fleet.Log) *lambdaHandler {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", LockTimeout: lockTimeout, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &lambdaHandler{keyAttribute: defaultKeyAttribute, charger: &charger{store: store, name: "lambda", log: log}}
+}
+
+// loadEvent reads an SQS event as Lambda's runtime does: JSON into
+// events.SQSEvent.
+func loadEvent(t *testing.T, path string) events.SQSEvent {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e events.SQSEvent
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// invoke calls the handler with event through JSON, as the runtime does, and
+// returns the ItemIdentifiers of its BatchItemFailures.
+func invoke(t *testing.T, ctx context.Context, h *lambdaHandler, event events.SQSEvent) []string {
+	t.Helper()
+	b, err := json.Marshal(event)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in events.SQSEvent
+	if err := json.Unmarshal(b, &in); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h.Handle(ctx, in)
+	if err != nil {
+		t.Fatalf("Handle returned an error, which retries the whole batch: %v", err)
+	}
+	var ids []string
+	for _, f := range resp.BatchItemFailures {
+		ids = append(ids, f.ItemIdentifier)
+	}
+	return ids
+}
+
+// holdClaim claims key and charges o in a transaction it leaves open, as an
+// invocation still running elsewhere; the test commits or rolls it back.
+func holdClaim(t *testing.T, ctx context.Context, db *pgtest.DB, key string, o shop.Order) pgx.Tx {
+	t.Helper()
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if claimed, err := store.Claim(ctx, tx, key); err != nil || !claimed {
+		t.Fatalf("Claim = %t, %v", claimed, err)
+	}
+	if err := shop.Charge(ctx, tx, o, key, "other"); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// checkChargedBy asserts that charges holds exactly want: for each order, who
+// charged it, once per charge.
+func checkChargedBy(t *testing.T, db *pgtest.DB, want map[string][]string) {
+	t.Helper()
+	rows, _ := db.Pool.Query(context.Background(), "SELECT order_id, charged_by FROM charges ORDER BY id")
+	got := map[string][]string{}
+	type row struct{ Order, By string }
+	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		got[r.Order] = append(got[r.Order], r.By)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("charges %v, want %v", got, want)
+	}
+	for o, by := range want {
+		if !slices.Equal(got[o], by) {
+			t.Fatalf("charges %v, want %v", got, want)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package pgdedup
+
+import (
+	"fmt"
+	"time"
+)
+
+// Option is a per-call option of [Store.Process], [Store.ProcessResult],
+// [Store.Claim] and [Store.ClaimSQL]: [WithFingerprint], [WithRetention],
+// [WithSentAt]. A call without options sends exactly the statements it sent
+// before options existed.
+type Option func(*callOptions)
+
+// callOptions are a call's options, once applied.
+type callOptions struct {
+	fingerprint []byte        // nil: none
+	retention   time.Duration // 0: Config.Retention
+	sentAt      time.Time     // zero: no late-message guard
+}
+
+// MaxFingerprintLen is the longest fingerprint [WithFingerprint] accepts, in
+// bytes.
+const MaxFingerprintLen = 1024
+
+// WithFingerprint stores fingerprint with the claim: a digest of the
+// message's payload, such as its SHA-256 (see [ContentKey]). A later delivery
+// of the same ID whose fingerprint differs is not skipped as a duplicate: it
+// returns a *[PayloadMismatchError] (errors.Is(err, [ErrPayloadMismatch])),
+// reported to [Config.OnEvent] as [EventPayloadMismatch]. The same ID with
+// the same payload is a plain duplicate. A duplicate of an ID recorded
+// without a fingerprint, or a delivery without the option, is never a
+// mismatch: there is nothing to compare. It needs migration 00006.
+//
+// fingerprint must hold 1 to [MaxFingerprintLen] bytes.
+func WithFingerprint(fingerprint []byte) Option {
+	return func(o *callOptions) { o.fingerprint = fingerprint }
+}
+
+// WithRetention makes the ID of this call expire after d instead of
+// [Config.Retention]: for a message its broker keeps, and may redeliver,
+// longer than most. d must be at least [MinRetention] and exceed
+// [Config.LateMargin].
+func WithRetention(d time.Duration) Option {
+	return func(o *callOptions) { o.retention = d }
+}
+
+// WithSentAt gives the time the message was first sent (its broker's
+// timestamp: SQS SentTimestamp, a Kafka record's Timestamp, a RabbitMQ
+// message's timestamp property, a NATS JetStream message's metadata
+// Timestamp) and turns on the late-message guard: a delivery older than the
+// Retention in force minus [Config.LateMargin] returns [ErrTooLate] before
+// anything is sent, because by then the table may already have forgotten an
+// earlier delivery of the same ID, and processing it could run it twice.
+// The age is measured on the consumer's clock (time.Now), so LateMargin must
+// also cover the skew between it and the sender's clock. To process a late
+// message anyway, call again without WithSentAt (and perhaps
+// [WithRetention]); or dead-letter it.
+func WithSentAt(t time.Time) Option {
+	return func(o *callOptions) { o.sentAt = t }
+}
+
+// callOptions applies opts and checks them, and the late-message guard,
+// before anything is sent.
+func (s *Store) callOptions(opts []Option) (callOptions, error) {
+	var o callOptions
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	switch {
+	case o.fingerprint != nil && len(o.fingerprint) == 0:
+		return o, fmt.Errorf("%w: WithFingerprint: empty fingerprint", ErrInvalidOption)
+	case len(o.fingerprint) > MaxFingerprintLen:
+		return o, fmt.Errorf("%w: WithFingerprint: %d bytes, longer than %d", ErrInvalidOption, len(o.fingerprint), MaxFingerprintLen)
+	case o.retention != 0 && o.retention < MinRetention:
+		return o, fmt.Errorf("%w: WithRetention(%s): must be at least %s", ErrInvalidOption, o.retention, MinRetention)
+	case o.retention != 0 && o.retention <= s.cfg.LateMargin:
+		return o, fmt.Errorf("%w: WithRetention(%s): must exceed Config.LateMargin (%s)", ErrInvalidOption, o.retention, s.cfg.LateMargin)
+	}
+	if !o.sentAt.IsZero() {
+		retention := s.cfg.Retention
+		if o.retention != 0 {
+			retention = o.retention
+		}
+		margin := s.cfg.LateMargin
+		if margin == 0 {
+			margin = retention / 10
+		}
+		if age := time.Since(o.sentAt); age > retention-margin {
+			return o, fmt.Errorf("%w: sent %s ago (at %s), past the guard of %s (Retention %s minus LateMargin %s)",
+				ErrTooLate, age.Round(time.Millisecond), o.sentAt.Format(time.RFC3339Nano), retention-margin, retention, margin)
+		}
+	}
+	return o, nil
+}

@@ -1,0 +1,132 @@
+package pgdedup_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// Many consumers, every message delivered three times to workers at about
+// the same time, over many fast switches (500 ms partitions) while a cleaner
+// creates and seals partitions beside them: every message is charged exactly
+// once (0 doubled, 0 lost). The consumers claim in READ COMMITTED,
+// REPEATABLE READ and SERIALIZABLE transactions, one with LockTimeout, by
+// Process and ProcessBatch; a failed delivery is delivered again, as a broker
+// would. It runs rounds until the claims have spread over 10 partitions.
+// Deliveries that find no partition (the cleaners behind the clock on a
+// busy machine) are among the failures delivered again.
+func TestPartitionedStress(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{Retention: 30 * time.Second, Partitions: 60})
+	if b == nil {
+		return // Citus: refused
+	}
+	ctx := ctxT(t)
+	keepPartitionsEvery(t, b, 10*time.Millisecond, time.Millisecond) // creates
+	keepPartitionsEvery(t, b, 50*time.Millisecond, time.Second)      // seals
+
+	opts := []pgdedup.Config{
+		{Consumer: "c-rc"},
+		{Consumer: "c-rr", TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, MaxAttempts: 10},
+		{Consumer: "c-ser", TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}, MaxAttempts: 10},
+		{Consumer: "c-lock", LockTimeout: 20 * time.Millisecond},
+	}
+	stores := make([]*pgdedup.Store, len(opts))
+	for i, cfg := range opts {
+		cfg.Retention = 30 * time.Second
+		var err error
+		if stores[i], err = pgdedup.New(b.pool, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type delivery struct {
+		store int
+		id    string
+	}
+	var (
+		mu        sync.Mutex
+		delivered = map[string]bool{}
+		failures  = map[string]int{}
+	)
+	deliver := func(d delivery, batch bool) {
+		order := opts[d.store].Consumer + "/" + d.id
+		for ctx.Err() == nil {
+			var err error
+			if batch {
+				_, err = stores[d.store].ProcessBatch(ctx, []string{d.id}, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+					return charge(order)(ctx, tx)
+				})
+			} else {
+				_, err = stores[d.store].Process(ctx, d.id, charge(order))
+			}
+			if err == nil {
+				return
+			}
+			mu.Lock()
+			msg := err.Error()
+			failures[msg[:min(len(msg), 60)]]++
+			mu.Unlock()
+		}
+	}
+	rounds := 0
+	for ; pgtest.Count(t, b.pool, `SELECT count(DISTINCT tableoid) FROM processed_messages`) < 10; rounds++ {
+		var ds []delivery
+		for s := range stores {
+			for i := range 20 {
+				id := fmt.Sprintf("r%d-%d", rounds, i)
+				delivered[opts[s].Consumer+"/"+id] = true
+				for range 3 {
+					ds = append(ds, delivery{s, id})
+				}
+			}
+		}
+		// Copies of a message stay close together: shuffle within windows.
+		for w := 0; w < len(ds); w += 12 {
+			win := ds[w:min(w+12, len(ds))]
+			rand.Shuffle(len(win), func(i, j int) { win[i], win[j] = win[j], win[i] })
+		}
+		work := make(chan delivery)
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for d := range work {
+					deliver(d, w%4 == 3)
+				}
+			}()
+		}
+		for _, d := range ds {
+			work <- d
+		}
+		close(work)
+		wg.Wait()
+		if ctx.Err() != nil {
+			t.Fatal(ctx.Err())
+		}
+	}
+	charges := chargesPerOrder(t, b.pool)
+	doubled, lost := 0, 0
+	for order := range delivered {
+		switch n := charges[order]; {
+		case n == 0:
+			lost++
+		case n > 1:
+			doubled++
+			t.Errorf("%s charged %d times", order, n)
+		}
+	}
+	if lost > 0 || doubled > 0 || len(charges) != len(delivered) {
+		t.Errorf("%d messages: %d doubled, %d lost, %d charged", len(delivered), doubled, lost, len(charges))
+	}
+	t.Logf("%d rounds, %d messages over %d partitions; failed deliveries (delivered again): %v",
+		rounds, len(delivered), pgtest.Count(t, b.pool, `SELECT count(DISTINCT tableoid) FROM processed_messages`), failures)
+}

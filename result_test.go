@@ -1,0 +1,132 @@
+package pgdedup_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// reply is a request handler's fn: it charges the order and answers with the
+// charge's ID, different each time it runs.
+func reply(orderID string) func(context.Context, pgx.Tx) ([]byte, error) {
+	return func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		var id int64
+		err := tx.QueryRow(ctx, `INSERT INTO charges (order_id) VALUES ($1) RETURNING id`, orderID).Scan(&id)
+		return fmt.Appendf(nil, "charge %d", id), err
+	}
+}
+
+func TestProcessResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{MaxResultBytes: 100})
+	ctx := ctxT(t)
+	first, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"))
+	if err != nil || !processed || len(first) == 0 {
+		t.Fatalf("first delivery: %q, %v, %v", first, processed, err)
+	}
+	again, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"))
+	if err != nil || processed || string(again) != string(first) {
+		t.Errorf("duplicate: %q, %v, %v; want the first answer %q", again, processed, err, first)
+	}
+	if n := chargesPerOrder(t, b.pool)["req-1"]; n != 1 {
+		t.Errorf("req-1 charged %d times, want 1", n)
+	}
+
+	// An ID recorded without a result: nil. An empty result stays empty.
+	if _, err := b.store.Process(ctx, "req-2", charge("req-2")); err != nil {
+		t.Fatal(err)
+	}
+	if res, processed, err := b.store.ProcessResult(ctx, "req-2", reply("req-2")); err != nil || processed || res != nil {
+		t.Errorf("duplicate of an ID without a result: %q, %v, %v", res, processed, err)
+	}
+	empty := func(context.Context, pgx.Tx) ([]byte, error) { return []byte{}, nil }
+	if _, _, err := b.store.ProcessResult(ctx, "req-3", empty); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := b.store.ProcessResult(ctx, "req-3", empty); err != nil || res == nil || len(res) != 0 {
+		t.Errorf("duplicate of an empty result: %#v, %v", res, err)
+	}
+
+	// Too large: nothing is kept, neither the charge nor the ID.
+	big := func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := reply("req-4")(ctx, tx)
+		return make([]byte, 101), err
+	}
+	if _, _, err := b.store.ProcessResult(ctx, "req-4", big); !errors.Is(err, pgdedup.ErrResultTooLarge) || !strings.Contains(err.Error(), "101 bytes") {
+		t.Errorf("a result of 101 bytes with MaxResultBytes 100: %v", err)
+	}
+	if recorded(t, b.pool, "billing", "req-4") || chargesPerOrder(t, b.pool)["req-4"] != 0 {
+		t.Error("req-4 recorded or charged after ErrResultTooLarge")
+	}
+
+	// fn's error: nothing kept, the error as is.
+	boom := errors.New("boom")
+	if _, _, err := b.store.ProcessResult(ctx, "req-5", func(context.Context, pgx.Tx) ([]byte, error) { return nil, boom }); !errors.Is(err, boom) {
+		t.Errorf("fn's error: %v", err)
+	}
+	if recorded(t, b.pool, "billing", "req-5") {
+		t.Error("req-5 recorded after fn failed")
+	}
+}
+
+// A duplicate that arrives while the first delivery is in flight waits for
+// its answer, or gives up with LockTimeout.
+func TestProcessResultInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	pool, app := namedPool(t, b)
+	waiter, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounded, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", LockTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	release := make(chan struct{})
+	started := make(chan struct{})
+	firstDone := make(chan error, 1)
+	go func() {
+		_, _, err := b.store.ProcessResult(ctx, "req-1", func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			close(started)
+			<-release
+			return []byte("first answer"), nil
+		})
+		firstDone <- err
+	}()
+	<-started
+	if _, _, err := bounded.ProcessResult(ctx, "req-1", reply("req-1")); !errors.Is(err, pgdedup.ErrInFlight) {
+		t.Errorf("duplicate in flight with LockTimeout: %v, want ErrInFlight", err)
+	}
+	type answer struct {
+		res       []byte
+		processed bool
+		err       error
+	}
+	second := make(chan answer, 1)
+	go func() {
+		res, processed, err := waiter.ProcessResult(ctx, "req-1", reply("req-1"))
+		second <- answer{res, processed, err}
+	}()
+	waitForLockWait(t, b, app)
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	if a := <-second; a.err != nil || a.processed || string(a.res) != "first answer" {
+		t.Errorf("duplicate that waited: %q, %v, %v; want the first answer", a.res, a.processed, a.err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM charges`); n != 0 {
+		t.Errorf("%d charges, want none: only the first delivery ran, and it charged nothing", n)
+	}
+}
