@@ -63,15 +63,16 @@ func preload(ctx context.Context, cfg steadyConfig, pool *pgxpool.Pool, rows int
 	return preloadPlain(ctx, pool, rows, t0, cfg.retention())
 }
 
-// preloadPartitioned loads the partitioned table: Setup made the partitions
-// of the past Retention (for imported IDs) and of the next spans; should the
-// load start a span later, the bench first makes the missing older ones, each as the cleaner makes one (a table LIKE the parent, a
-// unique index on key, an index on expires_at, attached for its span), and
-// then inserts through the parent, which routes every row to the partition
-// of its claim time (processed_at). Setup sealed every partition before the
-// current one, so claims look these up, as they would after a Retention of
-// claims. Rows go in in claim-time order, each partition's key index growing
-// insert by insert, as claims grow it.
+// preloadPartitioned loads the partitioned table as a Retention of claims
+// leaves it: one partition per span. Setup made the partitions of the next
+// spans and, for imported IDs, one partition for the whole past Retention;
+// the bench drops the past ones (empty yet) and makes one per span instead,
+// each as the cleaner makes one (a table LIKE the parent, a unique index on
+// key, an index on expires_at, attached for its span). Then it inserts
+// through the parent, which routes every row to the partition of its claim
+// time (processed_at). Setup sealed every partition before the current one,
+// so claims look these up. Rows go in in claim-time order, each partition's
+// key index growing insert by insert, as claims grow it.
 func preloadPartitioned(ctx context.Context, pool *pgxpool.Pool, rows int, t0 time.Time, retention time.Duration) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -79,14 +80,22 @@ func preloadPartitioned(ctx context.Context, pool *pgxpool.Pool, rows int, t0 ti
 	}
 	defer conn.Release()
 	var span time.Duration
-	var first, current time.Time // the partition of t0 - retention, the oldest there is
-	err = conn.QueryRow(ctx, `SELECT span, date_bin(span, $1::timestamptz - $2::interval, '2000-01-01 00:00:00+00'),
-(SELECT min((regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz)
- FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'processed_messages'::regclass)
-FROM pgdedup_partitions WHERE parent = 'processed_messages'::regclass`, t0, retention).Scan(&span, &first, &current)
+	var first, sealed time.Time // the partition of t0 - retention; where the unsealed ones start
+	var past []string           // the partitions before sealed
+	err = conn.QueryRow(ctx, `SELECT span, date_bin(span, $1::timestamptz - $2::interval, '2000-01-01 00:00:00+00'), sealed,
+(SELECT coalesce(array_agg(quote_ident(c.relname::text)), '{}') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = 'processed_messages'::regclass
+ AND (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz <= p.sealed)
+FROM pgdedup_partitions p WHERE parent = 'processed_messages'::regclass`, t0, retention).Scan(&span, &first, &sealed, &past)
 	if err != nil {
 		return fmt.Errorf("read the partition span: %w", err)
 	}
+	for _, name := range past {
+		if _, err := conn.Exec(ctx, `DROP TABLE `+name); err != nil {
+			return fmt.Errorf("drop the past partition %s: %w", name, err)
+		}
+	}
+	current := sealed
 	for from := first; from.Before(current); from = from.Add(span) {
 		name := fmt.Sprintf("processed_messages_preload_%s", from.UTC().Format("20060102T150405.000"))
 		name = strings.ReplaceAll(name, ".", "m")
