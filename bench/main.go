@@ -58,6 +58,7 @@ type config struct {
 
 	soak   soakConfig   // -only soak
 	growth growthConfig // -only growth
+	steady steadyConfig // -only steady
 
 	accountMessages int // messages per repetition when counting round trips and WAL
 	accountReps     int // repetitions; the WAL figure is the smallest
@@ -68,8 +69,9 @@ var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
 
 // optionalParts run only when -only names them: the soak takes minutes and
 // starts a cluster of its own; citus needs a Citus cluster (-citus-url);
-// growth loads a table of millions of rows.
-var optionalParts = []string{"soak", "citus", "growth"}
+// growth loads a table of millions of rows; steady (alone) starts a cluster
+// of its own and loads rate × Retention rows.
+var optionalParts = []string{"soak", "citus", "growth", "steady"}
 
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
@@ -106,6 +108,20 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	versions := fs.String("growth-versions", "2,3", "growth: schema versions to measure (2: before migration 00003, 3: now)")
 	fs.DurationVar(&c.growth.steady, "growth-steady", 0, "growth: then Process on each big table alone this long, from a CHECKPOINT, for WAL across checkpoints (0 skips)")
 	fs.BoolVar(&c.growth.keep, "growth-keep", false, "growth: keep the big tables (schema pgdedup_growth_v<version>_<rows>) and reuse them next time")
+	fs.StringVar(&c.steady.layout, "layout", "plain", "steady: the table layout, plain or partitioned")
+	fs.IntVar(&c.steady.partitions, "partitions", 0, "steady, -layout partitioned: partitions per Retention (Config.Partitions; 0: the library's default)")
+	fs.IntVar(&c.steady.rate, "steady-rate", 800, "steady: new messages per second")
+	fs.DurationVar(&c.steady.cycle, "steady-cycle", 30*time.Second, "steady: the checkpoint cycle (checkpoint_timeout; under 30s the bench issues CHECKPOINT)")
+	fs.IntVar(&c.steady.ratio, "steady-ratio", 192, "steady: R, Retention = R × cycle (192: 48 h with 15 min checkpoints)")
+	fs.IntVar(&c.steady.cycles, "steady-cycles", 6, "steady: whole cycles measured")
+	fs.IntVar(&c.steady.warmup, "steady-warmup", 1, "steady: cycles run before the measured CHECKPOINT")
+	fs.Float64Var(&c.steady.dupShare, "steady-dups", 0.1, "steady: redeliveries on top of the new messages, as a share of them")
+	fs.DurationVar(&c.steady.cleanEach, "steady-clean-every", 5*time.Second, "steady: RunCleaner's interval")
+	fs.IntVar(&c.steady.workers, "steady-workers", 8, "steady: concurrent Process calls at the fixed rate")
+	fs.IntVar(&c.steady.tputWorkers, "steady-tput-workers", 8, "steady: workers of the unthrottled throughput phase")
+	fs.DurationVar(&c.steady.tputFor, "steady-tput-for", 20*time.Second, "steady: how long the unthrottled phase runs")
+	fs.StringVar(&c.steady.sharedBuffers, "steady-shared-buffers", "1GB", "steady: shared_buffers of the cluster")
+	fs.BoolVar(&c.steady.tiny, "steady-tiny", false, "steady: the CI size (rate 100, R 8, cycle 5s, 2 cycles, < 90 s) unless set otherwise")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -148,6 +164,30 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.growth.rows < 1 {
 		return c, errors.New("-growth-rows must be positive")
+	}
+	if c.runs("steady") {
+		if len(c.only) > 1 {
+			return c, errors.New("-only steady runs alone")
+		}
+		if c.steady.tiny {
+			set := map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			for name, value := range map[string]string{"steady-rate": "100", "steady-ratio": "8", "steady-cycle": "5s",
+				"steady-cycles": "2", "steady-tput-for": "4s", "steady-shared-buffers": "128MB"} {
+				if !set[name] {
+					if err := fs.Set(name, value); err != nil {
+						return c, err
+					}
+				}
+			}
+		}
+		for p := 5440; p <= 5449; p++ {
+			c.steady.ports = append(c.steady.ports, p)
+		}
+		c.steady.command = commandLine(args)
+		if err := c.steady.validate(); err != nil {
+			return c, err
+		}
 	}
 	if c.runs("soak") {
 		c.soak.sampleEvery = max(5*time.Second, c.soak.duration/30)

@@ -21,6 +21,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 	if slices.Equal(cfg.only, []string{"soak"}) { // needs neither DATABASE_URL nor Redis
 		return soak(ctx, cfg, stdout, stderr)
 	}
+	if slices.Equal(cfg.only, []string{"steady"}) { // nor this
+		return steady(ctx, cfg, stdout, stderr)
+	}
 	rep := &report{cfg: cfg, start: time.Now(), loadBefore: loadAverage()}
 	b, err := newBench(ctx, cfg)
 	if err != nil {
@@ -108,6 +111,24 @@ func soak(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	}
 	if !r.passed() {
 		return errors.New("soak: a check failed (see the report)")
+	}
+	return nil
+}
+
+// steady runs the steady part and writes its report. It fails when a check
+// fails.
+func steady(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
+	prog := newProgress(stderr, 8+2*cfg.steady.cycles*int(max(1, cfg.steady.cycle/(5*time.Second))))
+	r, err := runSteady(ctx, cfg.steady, prog)
+	prog.finish()
+	if err != nil {
+		return err
+	}
+	if err := write(cfg, stdout, r.markdown()); err != nil {
+		return err
+	}
+	if !r.passed() {
+		return errors.New("steady: a check failed (see the report)")
 	}
 	return nil
 }

@@ -254,6 +254,9 @@ type soakLoad struct {
 	cfg   soakConfig
 	store *pgdedup.Store
 	start time.Time
+	// preloaded, when set, gives every other redelivery: an ID loaded into
+	// the table before the run and not near its expiry (the steady part).
+	preloaded func() (string, bool)
 
 	sent, dupsSent, processed, dupped, errors atomic.Int64
 
@@ -310,7 +313,11 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 			}
 		}
 		for ; dups < elapsed*float64(l.cfg.rate)*l.cfg.dupShare; dups++ {
-			if id, ok := l.redeliverable(); ok {
+			id, ok := l.redeliverable()
+			if l.preloaded != nil && (int(dups)%2 == 1 || !ok) {
+				id, ok = l.preloaded()
+			}
+			if ok {
 				select {
 				case queue <- msg{id: id, dup: true}:
 					l.dupsSent.Add(1)
@@ -373,6 +380,11 @@ func (l *soakLoad) latenciesSince(i int) ([]time.Duration, int) {
 
 // p99Between is the p99 of the latencies that ended in [from, to).
 func (l *soakLoad) p99Between(from, to time.Duration) time.Duration {
+	return p99(l.latBetween(from, to))
+}
+
+// latBetween returns the latencies that ended in [from, to), sorted.
+func (l *soakLoad) latBetween(from, to time.Duration) []time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var lats []time.Duration
@@ -381,7 +393,8 @@ func (l *soakLoad) p99Between(from, to time.Duration) time.Duration {
 			lats = append(lats, l.lat[i])
 		}
 	}
-	return p99(lats)
+	slices.Sort(lats)
+	return lats
 }
 
 func p99(lats []time.Duration) time.Duration {

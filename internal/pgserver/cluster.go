@@ -35,12 +35,27 @@ type Cluster struct {
 
 	password string // the superuser's, random
 	runAs    string // "postgres" when running as root, else ""
+	conf     string // ClusterOptions.Conf
+}
+
+// ClusterOptions change the cluster [StartClusterWith] starts.
+type ClusterOptions struct {
+	// Ports are the ports to try, in order; the first one free on 127.0.0.1
+	// is taken. Empty: a free port the system picks.
+	Ports []int
+	// Conf is appended to postgresql.conf after the throwaway settings
+	// (fsync = off, shared_buffers = 16MB, …), so its lines win: a benchmark
+	// that wants production durability sets fsync = on here.
+	Conf string
 }
 
 // StartCluster creates and starts a cluster from the binaries [FindBinaries]
 // finds. Call [Cluster.Stop] when done; should the process end first, a
 // watchdog process stops the cluster and removes its directory.
-func StartCluster() (*Cluster, error) {
+func StartCluster() (*Cluster, error) { return StartClusterWith(ClusterOptions{}) }
+
+// StartClusterWith is [StartCluster] on one of opts.Ports, with opts.Conf.
+func StartClusterWith(opts ClusterOptions) (*Cluster, error) {
 	bin, err := FindBinaries()
 	if err != nil {
 		return nil, err
@@ -49,12 +64,12 @@ func StartCluster() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := freePort(opts.Ports)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	c := &Cluster{Bin: bin, Dir: dir, Port: port, password: rand.Text()}
+	c := &Cluster{Bin: bin, Dir: dir, Port: port, password: rand.Text(), conf: opts.Conf}
 	if err := c.start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -81,7 +96,7 @@ func (c *Cluster) start() error {
 	}
 	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\n"+
 		"unix_socket_permissions = 0700\npassword_encryption = 'scram-sha-256'\n"+
-		"max_connections = 100\nshared_buffers = 16MB\nfsync = off\nfull_page_writes = off\n", c.Port, c.Dir)
+		"max_connections = 100\nshared_buffers = 16MB\nfsync = off\nfull_page_writes = off\n", c.Port, c.Dir) + c.conf + "\n"
 	// Appending keeps the file's owner. fsync = off only risks data on an OS
 	// crash; pg_ctl restart, even -m immediate, is not one.
 	f, err := os.OpenFile(filepath.Join(c.Dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
@@ -220,13 +235,21 @@ func version(dir string) int {
 	return n
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePort returns the first of ports free on 127.0.0.1, or with none
+// given, one the system picks.
+func freePort(ports []int) (int, error) {
+	if len(ports) == 0 {
+		ports = []int{0}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	for _, p := range ports {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port, nil
+	}
+	return 0, fmt.Errorf("pgserver: none of the ports %v is free on 127.0.0.1", ports)
 }
 
 func tail(b []byte, n int) []byte {

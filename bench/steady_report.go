@@ -1,0 +1,101 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+// markdown is the steady part's results file: a header that says how to get
+// the same figures again and where they come from, the side-by-side table,
+// the detail of each run and the checks.
+func (r steadyResult) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	c := r.cfg
+	p("## Steady state at production proportions (%s layout)\n\n", c.layout)
+	p("- Command: `%s`\n", c.command)
+	p("- Date: %s UTC, took %s\n", r.start.UTC().Format("2006-01-02 15:04"), r.took.Round(time.Second))
+	p("- Machine: %d cores (%s), %s RAM, load average (1, 5, 15 min) %s at the start, %s at the end; "+
+		"the bench and the server share it. %s\n", runtime.NumCPU(), cpuModel(), memTotal(), r.loadBefore, r.loadAfter, busy(r.loadBefore, r.loadAfter))
+	p("- PostgreSQL: %s, a throwaway cluster; %s\n", r.server, r.settings)
+	cp := "the server's `checkpoint_timeout`"
+	if !c.serverCheckpoints() {
+		cp = "a `CHECKPOINT` the bench issues every cycle (`checkpoint_timeout` cannot be under 30 s)"
+	}
+	p("- Proportion: checkpoint cycle %s (%s), Retention %d × cycle = %s; the full table is preloaded with "+
+		"rate × Retention = %s rows, expiries spread evenly, so the cleaner deletes as many rows as claims insert "+
+		"(the load took %s; rows that expired meanwhile are deleted in the warm-up, hence fewer rows at the window's start)\n",
+		c.cycle, cp, c.ratio, c.retention(), count(float64(c.rows())), r.full.loadTook.Round(time.Second))
+	if c.layout == "partitioned" {
+		n := cmp.Or(c.partitions, pgdedup.DefaultPartitions)
+		p("- Layout: partitioned by claim time, %d partitions per Retention (`Config.Partitions`; span %s), made by `Store.Setup`, "+
+			"kept by `RunCleaner`; the partitions get the server's autovacuum settings (PostgreSQL takes no storage parameters "+
+			"on a partitioned table)\n", n, c.retention()/time.Duration(n))
+	}
+	p("- Load: `Store.Process` with one business row at %d new messages/s plus %.0f%% redeliveries "+
+		"(half of recent messages, half of preloaded IDs), %d workers; `RunCleaner` every %s; "+
+		"autovacuum on, `autovacuum_naptime` %s (production's 1 min, compressed like the cycle), scale factors 0.01 on the plain table\n",
+		c.rate, 100*c.dupShare, c.workers, c.cleanEach, c.naptime())
+	p("- Measured: %d warm-up cycles, then a `CHECKPOINT` and %d whole cycles. WAL is the `pg_current_wal_lsn()` "+
+		"difference and images the `pg_stat_wal.wal_fpi` difference over the window, everything the cluster wrote "+
+		"(claims, business rows, cleanup, autovacuum), divided by the new messages processed in it. "+
+		"Latency is each `Process` call in the window, redeliveries included. Throughput: %d workers unthrottled, "+
+		"new IDs, each table's cleaner running, after both windows, in %d interleaved rounds of %s per table (the order "+
+		"rotating), so that a change in the machine's load falls on both; the median round, and the median of the "+
+		"rounds' ratios\n\n", c.warmup, c.cycles, c.tputWorkers, steadyRounds, c.tputFor/steadyRounds)
+
+	e, f := r.empty, r.full
+	ratio := func(a, b float64) string {
+		if b == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f×", a/b)
+	}
+	p("| table | rows (window start → end) | WAL per message | full-page images per message | p50 | p99 | %d-worker msgs/s | dead tuples (max, end) |\n",
+		c.tputWorkers)
+	p("|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, t := range []steadyRun{e, f} {
+		label := "empty at the start"
+		if t.preloaded > 0 {
+			label = fmt.Sprintf("steady state, rate × Retention (%d cycles)", c.ratio)
+		}
+		p("| %s | %s → %s | %s B | %.3f | %s ms | %s ms | %s | %s, %s |\n", label, count(float64(t.rowsStart)), count(float64(t.rowsEnd)),
+			count(t.walPerMsg()), t.fpiPerMsg(), ms(t.p50), ms(t.p99), count(t.tput), count(float64(t.deadMax)), count(float64(t.deadEnd)))
+	}
+	p("| steady ÷ empty | | **%s** | | %s | **%s** | **%s** | |\n\n",
+		ratio(f.walPerMsg(), e.walPerMsg()), ratio(float64(f.p50), float64(e.p50)), ratio(float64(f.p99), float64(e.p99)), fmt.Sprintf("%.2f×", r.tputRatio))
+
+	p("| detail | empty | steady state |\n|---|--:|--:|\n")
+	row := func(name string, fn func(steadyRun) string) { p("| %s | %s | %s |\n", name, fn(e), fn(f)) }
+	row("window", func(t steadyRun) string { return t.window.Round(100 * time.Millisecond).String() })
+	row("checkpoints counted in the window (pg_stat_bgwriter)", func(t steadyRun) string { return fmt.Sprint(t.checkpoints) })
+	row("new messages processed in the window", func(t steadyRun) string { return count(float64(t.messages)) })
+	row("Process calls in the window", func(t steadyRun) string { return count(float64(t.deliveries)) })
+	row("WAL in the window", func(t steadyRun) string { return mb(t.walBytes) })
+	row("full-page images in the window", func(t steadyRun) string { return count(float64(t.fpi)) })
+	row("rows deleted by the cleaner in the window", func(t steadyRun) string { return count(float64(t.deleted)) })
+	row("autovacuum runs on the table in the window", func(t steadyRun) string { return fmt.Sprint(t.autovacuums) })
+	row("table (heap) at the end", func(t steadyRun) string { return mb(t.heap) })
+	row("indexes at the end", func(t steadyRun) string { return mb(t.indexes) })
+	row("heap per million rows", func(t steadyRun) string { return perMillion(t.heap, t.rowsEnd) })
+	row("indexes per million rows", func(t steadyRun) string { return perMillion(t.indexes, t.rowsEnd) })
+	row("preload, VACUUM and CHECKPOINT", func(t steadyRun) string { return t.loadTook.Round(time.Second).String() })
+	p("\n")
+	for _, ch := range r.checks {
+		p("- %s %s\n", map[bool]string{true: "PASS", false: "FAIL"}[ch.ok], ch.what)
+	}
+	p("\n")
+	return b.String()
+}
+
+func perMillion(bytes, rows int64) string {
+	if rows < 1000 {
+		return "–"
+	}
+	return mb(int64(float64(bytes) * 1e6 / float64(rows)))
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
+)
+
+// -steady-tiny is the CI size unless a flag says otherwise; the proportion
+// follows from the flags; bad flags are refused before a cluster starts.
+func TestSteadyFlags(t *testing.T) {
+	cfg, err := parseFlags([]string{"-only", "steady"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.steady
+	if c.layout != "plain" || c.rate != 800 || c.cycle != 30*time.Second || c.retention() != 96*time.Minute ||
+		c.rows() != 4_608_000 || c.cycles != 6 || c.dupShare != 0.1 || c.cleanEach != 5*time.Second || !c.serverCheckpoints() {
+		t.Errorf("defaults: %+v; want issue 18's proportion: 800 msg/s, 30 s cycles, Retention 192 cycles (4,608,000 rows)", c)
+	}
+	if c.ports[0] != 5440 || c.ports[len(c.ports)-1] != 5449 {
+		t.Errorf("ports %v, want 5440-5449", c.ports)
+	}
+	if c.naptime() != 2*time.Second {
+		t.Errorf("naptime %s, want 2s (1 min per 15 min cycle, at 30 s cycles)", c.naptime())
+	}
+
+	cfg, err = parseFlags([]string{"-only", "steady", "-steady-tiny", "-steady-rate", "50", "-o", "results/a b.md"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = cfg.steady
+	if c.rate != 50 || c.ratio != 8 || c.cycle != 5*time.Second || c.cycles != 2 || c.serverCheckpoints() {
+		t.Errorf("tiny with -steady-rate 50: %+v; want rate 50, R 8, 5 s cycles made by the bench, 2 cycles", c)
+	}
+	if want := `go run -C bench . -only steady -steady-tiny -steady-rate 50 -o 'results/a b.md'`; c.command != want {
+		t.Errorf("command %q, want %q", c.command, want)
+	}
+
+	for _, args := range [][]string{
+		{"-layout", "heap"},
+		{"-steady-rate", "0"},
+		{"-steady-ratio", "1"},
+		{"-steady-cycles", "0"},
+		{"-steady-cycle", "10ms"},
+		{"-steady-dups", "1.5"},
+		{"-steady-clean-every", "0s"},
+		{"-steady-workers", "0"},
+		{"-steady-tput-for", "10ms"},
+		{"-steady-rate", "100000", "-steady-ratio", "10000"},
+	} {
+		if _, err := parseFlags(append([]string{"-only", "steady"}, args...), io.Discard); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+	if _, err := parseFlags([]string{"-only", "steady,soak"}, io.Discard); err == nil {
+		t.Error("-only steady,soak: no error; steady runs alone")
+	}
+}
+
+// The preload is what claims would have left: keys that pgdedup.Key finds
+// (so a preloaded ID redelivered is a duplicate), expiries spread evenly
+// over the Retention, and a table whose primary key is the key again.
+func TestSteadyPreload(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := newBench(ctx, testConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	const rows = 1200
+	retention := time.Hour
+	t0 := time.Now()
+	if err := preloadPlain(ctx, b.admin, rows, t0, retention); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var first, last time.Time
+	var pk string
+	err = b.admin.QueryRow(ctx, `SELECT count(*), min(expires_at), max(expires_at),
+(SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'processed_messages'::regclass AND contype = 'p')
+FROM processed_messages WHERE message_id LIKE 'pre-%'`).Scan(&n, &first, &last, &pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := retention / rows
+	if n != rows || first.Sub(t0).Round(time.Millisecond) != step || last.Sub(t0).Round(time.Millisecond) != retention || pk != "PRIMARY KEY (key)" {
+		t.Errorf("%d rows expiring from t0+%s to t0+%s, %s; want %d from t0+%s to t0+%s, PRIMARY KEY (key)",
+			n, first.Sub(t0), last.Sub(t0), pk, rows, step, retention)
+	}
+	store, err := pgdedup.New(b.admin, pgdedup.Config{Consumer: consumer, Retention: retention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		id, ok := preloadedID(rows, t0, retention)
+		if !ok || !strings.HasPrefix(id, "pre-") {
+			t.Fatalf("preloadedID: %q, %v", id, ok)
+		}
+		processed, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error {
+			return fmt.Errorf("business write ran for the preloaded ID %s", id)
+		})
+		if err != nil || processed {
+			t.Errorf("Process(%s): processed %v, %v; want a duplicate", id, processed, err)
+		}
+	}
+	// Only IDs that stay duplicates for a while are redelivered.
+	if id, ok := preloadedID(rows, t0.Add(-time.Hour), retention); ok {
+		t.Errorf("preloadedID after the Retention: %q; want none", id)
+	}
+}
+
+// On the partitioned layout the preload goes through the parent into the
+// partitions of the past Retention, which claims look up: a preloaded ID
+// redelivered is a duplicate, and no partition is left without its rows.
+func TestSteadyPreloadPartitioned(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := newBench(ctx, testConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	if _, err := b.admin.Exec(ctx, `TRUNCATE processed_messages`); err != nil { // Setup takes an empty table
+		t.Fatal(err)
+	}
+	const rows = 1200
+	retention := time.Hour
+	cfg := pgdedup.Config{Consumer: consumer, Retention: retention, Layout: pgdedup.Partitioned, Partitions: 6}
+	store, err := pgdedup.New(b.admin, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := preloadPartitioned(ctx, b.admin, rows, t0, retention); err != nil {
+		t.Fatal(err)
+	}
+	var n, parts, filled int
+	err = b.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM processed_messages WHERE message_id LIKE 'pre-%'),
+count(*), count(*) FILTER (WHERE EXISTS (SELECT FROM processed_messages m WHERE m.tableoid = i.inhrelid))
+FROM pg_inherits i WHERE i.inhparent = 'processed_messages'::regclass`).Scan(&n, &parts, &filled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != rows || filled < 6 {
+		t.Errorf("%d rows in %d of %d partitions; want %d rows in the 6 (or 7) partitions of the past Retention", n, filled, parts, rows)
+	}
+	for range 20 {
+		id, _ := preloadedID(rows, t0, retention)
+		processed, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error {
+			return fmt.Errorf("business write ran for the preloaded ID %s", id)
+		})
+		if err != nil || processed {
+			t.Errorf("Process(%s): processed %v, %v; want a duplicate", id, processed, err)
+		}
+	}
+}
