@@ -384,7 +384,7 @@ WHERE i.inhparent = 'processed_messages'::regclass AND c.relname < $1`, oldPart)
 
 	// Cut short: left pending (a detach cut short before it marked the
 	// partition changes nothing: try again).
-	pgdedup.SetPartitionWaits(cleaner, 5*time.Second, time.Second)
+	pgdedup.SetPartitionWaits(cleaner, 5*time.Second, 3*time.Second)
 	for !detaching(t, b, oldPart) {
 		if _, err := cleaner.Cleanup(ctx); err != nil {
 			t.Fatal(err)
