@@ -46,6 +46,12 @@ import (
 // Each run is logged ([Config.Logger]: info with the rows deleted and the
 // duration, debug for each batch, a warning when it fails or is starved) and
 // reported to [Config.OnEvent] as an [EventCleanup].
+//
+// On a table of the [Partitioned] layout Cleanup deletes no rows: it creates
+// the partitions of the next spans, seals the older ones and detaches and
+// drops those whose rows have all expired (docs/partitioning.md), logs what
+// it created and dropped, and returns the rows of the dropped partitions
+// (PostgreSQL's estimates). It then needs to own the table.
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()

@@ -243,33 +243,12 @@ func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed 
 	if !st.sealed.Before(st.current) {
 		return st.sealed, 0, nil
 	}
-	const lockers = `FROM pg_catalog.pg_locks WHERE locktype = 'relation'
-AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
-AND relation = '` + "%s" + `'::pg_catalog.regclass::pg_catalog.oid`
-	from := fmt.Sprintf(lockers, s.messages.table)
-	var listed []string
-	if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
-		` AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()`).Scan(&listed); err != nil {
-		return st.sealed, 0, fmt.Errorf("pgdedup: seal partitions of %s: list transactions: %w", s.messages.table, withDetail(err))
-	}
-	deadline := time.Now().Add(cmp.Or(s.waits.seal, defaultSealWait))
-	for pause := time.Millisecond; len(listed) > 0; pause = min(2*pause, 100*time.Millisecond) {
-		if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT virtualtransaction) `+from+` AND virtualtransaction = ANY ($1::text[])`,
-			listed).Scan(&waiting); err != nil {
-			return st.sealed, 0, fmt.Errorf("pgdedup: seal partitions of %s: wait for transactions: %w", s.messages.table, withDetail(err))
-		}
-		if waiting == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
+	waiting, err = s.waitLockers(ctx, cmp.Or(s.waits.seal, defaultSealWait))
+	if err != nil || waiting > 0 {
+		if waiting > 0 {
 			s.log.InfoContext(ctx, "pgdedup: sealing waits for transactions", "table", s.messages.table, "open", waiting)
-			return st.sealed, waiting, nil
 		}
-		select {
-		case <-ctx.Done():
-			return st.sealed, waiting, ctx.Err()
-		case <-time.After(pause):
-		}
+		return st.sealed, waiting, err
 	}
 	err = s.exec(ctx, `UPDATE `+s.partitionMeta+` SET sealed = $1
 WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.current)
@@ -280,8 +259,38 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 	return st.sealed, 0, nil
 }
 
+// waitLockers lists the transactions holding a lock on the table now and
+// waits up to d for all of them to end, polling pg_locks (it holds no lock
+// itself). It returns how many were still open when it gave up.
+func (s *Store) waitLockers(ctx context.Context, d time.Duration) (waiting int, err error) {
+	from := `FROM pg_catalog.pg_locks WHERE locktype = 'relation'
+AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
+AND relation = '` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
+	var listed []string
+	if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
+		` AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()`).Scan(&listed); err != nil {
+		return 0, fmt.Errorf("pgdedup: partitions of %s: list transactions: %w", s.messages.table, withDetail(err))
+	}
+	deadline := time.Now().Add(d)
+	for pause := time.Millisecond; len(listed) > 0; pause = min(2*pause, 100*time.Millisecond) {
+		if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT virtualtransaction) `+from+` AND virtualtransaction = ANY ($1::text[])`,
+			listed).Scan(&waiting); err != nil {
+			return 0, fmt.Errorf("pgdedup: partitions of %s: wait for transactions: %w", s.messages.table, withDetail(err))
+		}
+		if waiting == 0 || time.Now().After(deadline) {
+			return waiting, nil
+		}
+		select {
+		case <-ctx.Done():
+			return waiting, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+	return 0, nil
+}
+
 // dropPartitions detaches (CONCURRENTLY) and drops the sealed partitions
-// whose rows have all expired, oldest first, stopping at the first that still
+// that ended a Retention ago and whose rows have all expired, oldest first, stopping at the first that still
 // holds a live row. A partition left pending by an interrupted detach is
 // finalized. A detach that waits longer than detachWait for old transactions
 // is cancelled and left to the next run.
@@ -299,12 +308,23 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		return 0
 	})
 	for _, p := range parts {
-		if p.to.After(st.sealed) {
+		// Sealed, and a Retention (this Store's) past its end: before that
+		// it may hold IDs imported with their times, or rows to come.
+		if p.to.After(st.sealed) || p.to.Add(s.cfg.Retention).After(st.current) {
 			break
 		}
 		q := st.quoted(p.name)
 		detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
-		if !p.pending {
+		if p.pending {
+			// FINALIZE locks the partition before it waits for the
+			// transactions that may still read it, which then deadlock with
+			// it: let them end first. Later ones never see the partition.
+			waiting, err := s.waitLockers(ctx, cmp.Or(s.waits.detach, defaultDetachWait))
+			if err != nil || waiting > 0 {
+				s.log.InfoContext(ctx, "pgdedup: detach waits for transactions", "partition", p.name, "open", waiting)
+				return dropped, rows, err
+			}
+		} else {
 			var live bool
 			if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
 				return dropped, rows, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
@@ -322,7 +342,7 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		if err != nil {
 			// Cancelled after the detach wait, the lock wait over, or another
 			// cleaner's detach pending: the next run goes on.
-			if code, _ := sqlState(err); code == "57014" || code == "55P03" || code == "55000" {
+			if code, _ := sqlState(err); code == "57014" || code == "55P03" || code == "55000" || code == "40P01" {
 				s.log.InfoContext(ctx, "pgdedup: detach left to the next cleanup", "partition", p.name, "error", err)
 				return dropped, rows, ctx.Err()
 			}

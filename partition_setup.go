@@ -31,6 +31,9 @@ var ErrTableNotEmpty = errors.New("pgdedup: the table holds rows")
 // [ErrTableNotEmpty]. On a table Citus distributes it returns an error: the
 // Partitioned layout is plain PostgreSQL only.
 //
+// A role granted INSERT on the table later also needs SELECT on
+// pgdedup_partitions, which every claim reads.
+//
 // After Setup, [Store.Cleanup] (RunCleaner, `pgdedup cleanup`) keeps the
 // partitions: it creates them ahead of need, seals them and drops those whose
 // IDs have all expired. Run it at least every partition span.

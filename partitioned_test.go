@@ -166,21 +166,24 @@ func TestPartitionedImport(t *testing.T) {
 	keepPartitions(t, b)
 	ctx := ctxT(t)
 	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at) VALUES
-('billing', 'imported-1', now() - interval '10 seconds', now() + interval '1 second'),
-('billing', 'imported-2', now() - interval '5 seconds', now() + interval '2 seconds')`)
+('billing', 'imported-1', now() - interval '10 seconds', now() + interval '1 minute'),
+('billing', 'imported-2', now() - interval '5 seconds', now() + interval '1 minute')`)
 	for _, id := range []string{"imported-1", "imported-2"} {
 		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || processed {
 			t.Fatalf("%s after the import: processed=%v err=%v, want a duplicate", id, processed, err)
 		}
 	}
-	// Once both expired, the next Cleanup drops their partition.
-	for pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE expires_at >= now()`) > 0 {
-		time.Sleep(50 * time.Millisecond)
+	// Once both expired (made so here), Cleanup drops their partition: a
+	// cleaner whose Retention (a second) has passed since it ended.
+	expire(t, b, "billing")
+	cleaner, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cleaner", Retention: time.Second})
+	if err != nil {
+		t.Fatal(err)
 	}
 	// (The test's keeper may be dropping it at the same time: Cleanup until
 	// it is gone.)
 	for pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'imported-%'`) > 0 {
-		if _, err := b.store.Cleanup(ctx); err != nil {
+		if _, err := cleaner.Cleanup(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -189,7 +192,7 @@ func TestPartitionedImport(t *testing.T) {
 			t.Errorf("%s once expired and cleaned up: processed=%v err=%v, want processed", id, processed, err)
 		}
 	}
-	_, err := b.pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
+	_, err = b.pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
 VALUES ('billing', 'ancient', now() - interval '1 day', now())`)
 	if err == nil {
 		t.Error("a row older than every partition was imported")

@@ -1,0 +1,69 @@
+package idempotency_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/idempotency"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// Stored responses on the partitioned layout (2-second partitions): a key's
+// answer is replayed byte for byte after the next partition began, with the
+// older partition unsealed (the claim's row and its hand-over copy) and once
+// Cleanup sealed it (found by look-up); the handler ran once.
+func TestStoredResponsesOnPartitionedTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	setupStore, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "setup", Layout: pgdedup.Partitioned,
+		Retention: 20 * time.Second, Partitions: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = setupStore.Setup(ctx)
+	if pgtest.CitusColumn() != "" {
+		if err == nil {
+			t.Fatal("Setup of a distributed table succeeded, want a refusal")
+		}
+		return // Citus: refused, nothing more to run
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := setupOn(t, db, db.Pool, idempotency.Config{Store: pgdedup.Config{Retention: 20 * time.Second}}, nil)
+	first := post(t, b.url, "key-1", order)
+	if first.status != 201 || first.replayed() {
+		t.Fatalf("first request: %v", first)
+	}
+	partition := func() (current time.Time) {
+		if err := db.Pool.QueryRow(ctx, `SELECT date_bin(span, clock_timestamp(), '2000-01-01 00:00:00+00')
+FROM pgdedup_partitions`).Scan(&current); err != nil {
+			t.Fatal(err)
+		}
+		return current
+	}
+	for from := partition(); !partition().After(from); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i, cleanup := range []bool{false, true} {
+		if cleanup {
+			if _, err := b.mw.Store().Cleanup(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		again := post(t, b.url, "key-1", order)
+		if again.status != first.status || again.body != first.body || !again.replayed() {
+			t.Fatalf("retry %d: %v\nfirst: %v", i+1, again, first)
+		}
+	}
+	if n := b.api.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want 1", n)
+	}
+	if n := charges(t, b.pool); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+}
