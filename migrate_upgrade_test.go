@@ -202,8 +202,12 @@ func TestUpgradeLockAttemptsGiveWay(t *testing.T) {
 			}
 		}
 	}
+	// The session waiting for a lock on this test's table behind the holder
+	// (other tests' CREATE INDEX CONCURRENTLY wait for the holder too, but on
+	// no relation lock of this table).
 	migPID := poll("the migration to wait for the holder's lock",
-		`SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`, holderPID)
+		`SELECT pid FROM pg_locks WHERE NOT granted AND locktype = 'relation'
+AND relation = $2::regclass AND $1::int = ANY(pg_blocking_pids(pid)) LIMIT 1`, holderPID, db.Schema+".processed_messages")
 	poll("the migration to give up its lock attempt and pause",
 		`SELECT pid FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'PgSleep'`, migPID)
 

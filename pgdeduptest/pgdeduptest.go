@@ -147,7 +147,10 @@ func New(t testing.TB) *DB {
 	db := NewUnmigrated(t)
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)
 	defer sqlDB.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// A hang guard, not a bound on speed: migration 00003's CREATE INDEX
+	// CONCURRENTLY waits for every older transaction in the database, the
+	// other tests' migrations among them, which on a busy machine take long.
+	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
 	defer cancel()
 	if err := pgdedup.Migrate(ctx, sqlDB); err != nil {
 		t.Fatalf("pgdeduptest: migrate %s: %v", db.Schema, err)
@@ -157,6 +160,9 @@ func New(t testing.TB) *DB {
 	}
 	return db
 }
+
+// migrateTimeout bounds New's migration: see there.
+const migrateTimeout = 10 * time.Minute
 
 // NewUnmigrated is New without the migrations: an empty schema.
 func NewUnmigrated(t testing.TB) *DB {
