@@ -211,6 +211,13 @@ type plainLayout struct{ plainPlacement }
 // SELECT follows: a statement of its own, so that its snapshot is taken after
 // the INSERT waited for a transaction holding the ID, and sees its row.
 func (plainLayout) claimOne(c *idClaim) []statement {
+	return claimOneWith(c, c.store.messages.claimWith)
+}
+
+// claimOneWith is a layout's claimOne, given its claims by claimVariant
+// (claimWith[0] is the claim without options), followed by the SELECT of a
+// fingerprint or a stored result.
+func claimOneWith(c *idClaim, claimWith [4]string) []statement {
 	s := c.store
 	args := []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)}
 	variant, claimArgs := 0, args
@@ -222,7 +229,7 @@ func (plainLayout) claimOne(c *idClaim) []statement {
 		variant |= claimFingerprint
 		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.fingerprint)
 	}
-	sts := []statement{{sql: s.messages.claimWith[variant], args: claimArgs, affected: func(n int64) { c.claimed = n == 1 }}}
+	sts := []statement{{sql: claimWith[variant], args: claimArgs, affected: func(n int64) { c.claimed = n == 1 }}}
 	switch {
 	case c.withResult:
 		sts = append(sts, statement{sql: s.messages.storedResult, args: args, row: c.scanStored})

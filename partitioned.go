@@ -129,25 +129,7 @@ ON CONFLICT DO NOTHING`
 // or a stored result, as on the plain table (all copies of a claim carry the
 // same values).
 func (l partitionedLayout) claimOne(c *idClaim) []statement {
-	s := c.store
-	args := []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)}
-	variant, claimArgs := 0, args
-	if c.opts.retention != 0 {
-		variant |= claimRetention
-		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.retention.Microseconds())
-	}
-	if c.opts.fingerprint != nil {
-		variant |= claimFingerprint
-		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.fingerprint)
-	}
-	sts := []statement{{sql: l.claimWith[variant], args: claimArgs, affected: func(n int64) { c.claimed = n == 1 }}}
-	switch {
-	case c.withResult:
-		sts = append(sts, statement{sql: s.messages.storedResult, args: args, row: c.scanStored})
-	case c.opts.fingerprint != nil:
-		sts = append(sts, statement{sql: s.messages.storedFingerprint, args: args, row: c.scanStored})
-	}
-	return sts
+	return claimOneWith(c, l.claimWith)
 }
 
 // storeResult updates every copy of the ID's row.
