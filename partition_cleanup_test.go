@@ -3,7 +3,10 @@ package pgdedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,27 +83,42 @@ func keepPartitionsEvery(t *testing.T, b *bundle, interval, sealWait time.Durati
 	t.Cleanup(func() { cancel(); wg.Wait() })
 }
 
-// session is a connection of its own with its backend's pid, for a claim
-// the test holds open or watches wait.
+// session is a connection of its own, told apart in pg_stat_activity by an
+// application_name of its own (behind PgBouncer the client's backend pid is
+// PgBouncer's, and the server session may change between transactions), for
+// a claim the test holds open or watches wait.
 type session struct {
 	conn *pgx.Conn
-	pid  uint32
+	app  string
 }
+
+var sessionSeq atomic.Int64
 
 func newSession(t *testing.T, b *bundle) *session {
 	t.Helper()
-	conn := connect(t, b.db.URL)
-	return &session{conn: conn, pid: conn.PgConn().PID()}
+	cfg, err := pgx.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fmt.Sprintf("pgdedup-session-%d-%d", os.Getpid(), sessionSeq.Add(1))
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(ctxT(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return &session{conn: conn, app: app}
 }
 
-// waitLocked waits until s waits on a lock (another transaction's claim).
+// waitLocked waits until s waits on a lock (another transaction's claim),
+// failing after 30 s (a hang guard: it returns as soon as s waits).
 func (s *session) waitLocked(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var waiting bool
-		err := pool.QueryRow(context.Background(), `SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`,
-			s.pid).Scan(&waiting)
+		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE application_name = $1 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())`, s.app).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +126,7 @@ func (s *session) waitLocked(t *testing.T, pool *pgxpool.Pool) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("session %d does not wait on a lock after 30s", s.pid)
+			t.Fatalf("session %s does not wait on a lock after 30s", s.app)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
