@@ -89,9 +89,9 @@ func (s *Store) cleanupWindow(ctx context.Context, from, to time.Time, batch int
 	// one after another): the coordinator keeps one connection per worker open
 	// between transactions and would otherwise open more for each batch, which
 	// costs more than the shards' work.
-	b.Queue(`SELECT pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + t + `'::regclass::oid::int4),
+	b.Queue(citusCleanerMark + `SELECT pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + t + `'::regclass::oid::int4),
 set_config('citus.max_adaptive_executor_pool_size', '1', true)`)
-	b.Queue(`SELECT count(*) FROM `+t+` WHERE expires_at >= $1 AND expires_at < $2 AND expires_at < now()`, from, to)
+	b.Queue(citusCleanerMark+`SELECT count(*) FROM `+t+` WHERE expires_at >= $1 AND expires_at < $2 AND expires_at < now()`, from, to)
 	br := s.db.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
@@ -108,12 +108,19 @@ set_config('citus.max_adaptive_executor_pool_size', '1', true)`)
 	if err != nil || !turn || counted == 0 || counted > batch && !force {
 		return 0, counted, turn, err
 	}
-	tag, err := tx.Exec(ctx, `DELETE FROM `+t+` WHERE expires_at >= $1 AND expires_at < $2 AND expires_at < now()`, from, to)
+	tag, err := tx.Exec(ctx, citusCleanerMark+`DELETE FROM `+t+` WHERE expires_at >= $1 AND expires_at < $2 AND expires_at < now()`, from, to)
 	if err != nil {
 		return 0, counted, turn, err
 	}
 	return tag.RowsAffected(), counted, turn, tx.Commit(ctx)
 }
+
+// citusCleanerMark begins each statement of a Citus cleaner's window, so that
+// a Cleanup waiting for the turn sees in pg_stat_activity that its holder is
+// a cleaner at work (see sightTurn), as the plain batch's statements show by
+// naming cleanupTurnSetting: a window on a loaded cluster may take longer
+// than Config.CleanupTurnWait.
+const citusCleanerMark = "/* " + cleanupTurnSetting + " */ "
 
 // cleanupError returns ctx's error when ctx is done (a stopped Cleanup is
 // not a failure), else err with the table named and the server's DETAIL kept.
