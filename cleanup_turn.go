@@ -95,13 +95,15 @@ func (w *turnWatch) skipped(first *turnSighting, seen turnSighting, waited bool)
 func (s *Store) sightTurn(ctx context.Context) turnSighting {
 	seen := turnSighting{at: time.Now()}
 	// A holder at work runs one of cleanupSQL's statements, which both name
-	// cleanupTurnSetting, or is between the statements of a Citus cleaner's
-	// window, which all begin with citusCleanerMark (a query's text is visible
-	// to the same role and to pg_read_all_stats; otherwise that sign is missing
-	// and the others count).
+	// cleanupTurnSetting; or one of a Citus cleaner's window, which all begin
+	// with citusCleanerMark, or is between them; or is ending its transaction
+	// (a COMMIT on Citus is a two-phase commit across the workers, which may
+	// take longer than a wait). A query's text is visible to the same role and
+	// to pg_read_all_stats; otherwise that sign is missing and the others count.
 	rows, err := s.db.Query(ctx, `SELECT l.pid, coalesce(a.usename::text, '?'), coalesce(a.state, '?'), a.xact_start,
 coalesce(pg_catalog.strpos(a.query, '`+cleanupTurnSetting+`') > 0 AND (a.state = 'active'
-OR a.state = 'idle in transaction' AND a.state_change > pg_catalog.clock_timestamp() - interval '1 second'), false)
+OR a.state = 'idle in transaction' AND a.state_change > pg_catalog.clock_timestamp() - interval '1 second')
+OR a.state = 'active' AND pg_catalog.lower(pg_catalog.btrim(a.query, E' \n;')) IN ('commit', 'rollback'), false)
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.classid = `+cleanupLockClass+`::oid
 AND l.objid = '`+s.messages.table+`'::regclass::oid AND l.objsubid = 2 ORDER BY l.pid`)
