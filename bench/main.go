@@ -60,6 +60,8 @@ type config struct {
 	growth growthConfig // -only growth
 	steady steadyConfig // -only steady
 
+	claimCost claimCostConfig // -only claimcost
+
 	accountMessages int // messages per repetition when counting round trips and WAL
 	accountReps     int // repetitions; the WAL figure is the smallest
 }
@@ -71,7 +73,7 @@ var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
 // starts a cluster of its own; citus needs a Citus cluster (-citus-url);
 // growth loads a table of millions of rows; steady (alone) starts a cluster
 // of its own and loads rate × Retention rows.
-var optionalParts = []string{"soak", "citus", "growth", "steady"}
+var optionalParts = []string{"soak", "citus", "growth", "steady", "claimcost"}
 
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
@@ -122,6 +124,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.steady.tputFor, "steady-tput-for", 20*time.Second, "steady: how long the unthrottled phase runs")
 	fs.StringVar(&c.steady.sharedBuffers, "steady-shared-buffers", "1GB", "steady: shared_buffers of the cluster")
 	fs.BoolVar(&c.steady.tiny, "steady-tiny", false, "steady: the CI size (rate 100, R 8, cycle 5s, 2 cycles, < 90 s) unless set otherwise")
+	claimParts := fs.String("claimcost-partitions", "4,6,12,24", "claimcost: comma-separated partition counts of the partitioned tables")
+	fs.IntVar(&c.claimCost.rows, "claimcost-rows", 200_000, "claimcost: rows of the populated tables")
+	fs.IntVar(&c.claimCost.rounds, "claimcost-rounds", 3, "claimcost: interleaved rounds")
+	fs.DurationVar(&c.claimCost.round, "claimcost-round", 2*time.Second, "claimcost: how long each table runs in each round")
+	fs.IntVar(&c.claimCost.workers, "claimcost-workers", 8, "claimcost: concurrent Process calls")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -164,6 +171,22 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.growth.rows < 1 {
 		return c, errors.New("-growth-rows must be positive")
+	}
+	if c.runs("claimcost") {
+		if len(c.only) > 1 {
+			return c, errors.New("-only claimcost runs alone")
+		}
+		for _, w := range strings.Split(*claimParts, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(w))
+			if err != nil || n < 1 || n > 200 {
+				return c, fmt.Errorf("-claimcost-partitions: %q is not a count from 1 to 200", w)
+			}
+			c.claimCost.partitions = append(c.claimCost.partitions, n)
+		}
+		c.claimCost.explains = 25
+		if c.claimCost.rows < 1 || c.claimCost.rounds < 1 || c.claimCost.round < 100*time.Millisecond || c.claimCost.workers < 1 {
+			return c, errors.New("-claimcost-rows, -claimcost-rounds and -claimcost-workers must be positive, -claimcost-round at least 100ms")
+		}
 	}
 	if c.runs("steady") {
 		if len(c.only) > 1 {

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A tiny claimcost run (CI) reports every table with its locks, times and
+// throughput, counts more locks on the populated partitioned table than on
+// the plain one, and leaves no schema behind.
+func TestClaimCostTiny(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	var err error
+	cfg, err = parseFlags([]string{"-database-url", cfg.databaseURL, "-only", "claimcost", "-claimcost-partitions", "4",
+		"-claimcost-rows", "2000", "-claimcost-rounds", "1", "-claimcost-round", "100ms", "-claimcost-workers", "2"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.claimCost.explains = 2
+	conn, err := pgx.Connect(ctx, cfg.databaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	schemas := func() (n int) {
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_claimcost\_%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := schemas()
+	var out bytes.Buffer
+	if err := run(ctx, cfg, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	locks := map[string]int{}
+	row := regexp.MustCompile(`(?m)^\| ([^|]+) \| ([^|]+) \| (\d+) \| (\d+) \| [0-9.]+ ms \| [0-9.]+ ms \| \d+, \d+ \| [0-9,]+ \| [0-9.]+× \|`)
+	for _, m := range row.FindAllStringSubmatch(out.String(), -1) {
+		locks[m[1]], _ = strconv.Atoi(m[3])
+	}
+	for _, name := range []string{"plain empty", "partitioned-4 empty", "partitioned-12 empty, with expires_at index", "plain empty, exec mode",
+		"partitioned-12 empty, exec mode, with expires_at index", "plain populated", "partitioned-4 populated", "partitioned-12 populated, exec mode, with expires_at index"} {
+		if _, ok := locks[name]; !ok {
+			t.Errorf("report lacks a row for %q:\n%s", name, out.String())
+		}
+	}
+	if p, q := locks["plain populated"], locks["partitioned-4 populated"]; p < 1 || q <= p {
+		t.Errorf("relation locks per claim: plain %d, partitioned-4 %d; want the partitioned table's more", p, q)
+	}
+	if !strings.Contains(out.String(), "| partitioned-4 populated | ") || !strings.Contains(out.String(), "| claim statement | its look-up alone |") {
+		t.Errorf("report lacks the statement times:\n%s", out.String())
+	}
+	if after := schemas(); after != before {
+		t.Errorf("%d pgdedup_claimcost_ schemas before the run, %d after", before, after)
+	}
+}
