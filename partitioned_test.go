@@ -182,11 +182,9 @@ func TestPartitionedImport(t *testing.T) {
 	}
 	// (The test's keeper may be dropping it at the same time: Cleanup until
 	// it is gone.)
-	for pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'imported-%'`) > 0 {
-		if _, err := cleaner.Cleanup(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cleanupUntil(ctx, t, b, cleaner, "the imported IDs' partition dropped", func() bool {
+		return pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'imported-%'`) == 0
+	})
 	for _, id := range []string{"imported-1", "imported-2"} {
 		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || !processed {
 			t.Errorf("%s once expired and cleaned up: processed=%v err=%v, want processed", id, processed, err)
