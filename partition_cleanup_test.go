@@ -487,3 +487,69 @@ func detaching(t *testing.T, b *bundle, partition string) bool {
 	t.Helper()
 	return pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass($1) AND inhdetachpending`, partition) == 1
 }
+
+// Cleanup reports the partitions it created and dropped in its EventCleanup
+// (nil on a plain table): after a switch, the one partitionsAhead spans
+// ahead is created, and the past one Setup made and those after it before
+// the current one, empty and a Retention (the cleaner's, a second) past
+// their end, are dropped, oldest first.
+func TestPartitionedCleanupEvent(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	runs := make(chan pgdedup.Event, 1)
+	onEvent := func(_ context.Context, e pgdedup.Event) {
+		if e.Kind == pgdedup.EventCleanup {
+			runs <- e
+		}
+	}
+	plain := setup(t, pgdedup.Config{OnEvent: onEvent})
+	if _, err := plain.store.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := receive(t, runs, "the plain table's cleanup event"); e.Created != nil || e.Dropped != nil {
+		t.Errorf("plain table: created %v, dropped %v, want nil", e.Created, e.Dropped)
+	}
+
+	b := setupPartitioned(t, pgdedup.Config{}) // 2-second partitions
+	if b == nil {
+		return // Citus: refused
+	}
+	var past pgdedup.PartitionSpan
+	if err := b.pool.QueryRow(ctx, `SELECT c.relname::text, b.m[1]::timestamptz, b.m[2]::timestamptz
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS b(m)
+WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 LIMIT 1`).Scan(&past.Name, &past.From, &past.To); err != nil {
+		t.Fatal(err)
+	}
+	cleaner, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cleaner", Retention: time.Second, OnEvent: onEvent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSwitch(t, b.pool)
+	if _, err := cleaner.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := receive(t, runs, "the cleanup event")
+	current, _ := partitionClock(t, b.pool)
+	if len(e.Dropped) == 0 || e.Dropped[0].Name != past.Name || !e.Dropped[0].From.Equal(past.From) || !e.Dropped[0].To.Equal(past.To) || e.Count != 0 {
+		t.Errorf("dropped %+v (%d rows), want the empty past partition %+v first", e.Dropped, e.Count, past)
+	}
+	for i, p := range e.Dropped {
+		if p.To.After(current) || i > 0 && !p.From.Equal(e.Dropped[i-1].To) ||
+			pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_class WHERE oid = to_regclass($1)`, p.Name) != 0 {
+			t.Errorf("dropped %+v: want gone, oldest first, all before the current partition (%s)", e.Dropped, current)
+		}
+	}
+	if len(e.Created) == 0 {
+		t.Fatalf("created nothing after a switch")
+	}
+	last := e.Created[len(e.Created)-1]
+	if want := current.Add(3 * 2 * time.Second); !last.From.Equal(want) && !last.From.Equal(want.Add(-2*time.Second)) {
+		t.Errorf("created %+v, want the partition 3 spans after the current one (%s) last", e.Created, want)
+	}
+	for _, p := range e.Created {
+		if p.To.Sub(p.From) != 2*time.Second || pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass($1)`, p.Name) != 1 {
+			t.Errorf("created %+v: want a 2-second partition of the table", p)
+		}
+	}
+}
