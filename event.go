@@ -52,7 +52,8 @@ type Event struct {
 	// Created and Dropped are, for EventCleanup on a [Partitioned] table,
 	// the partitions the run created and those it dropped, oldest first
 	// (Count is then the rows these held, PostgreSQL's estimate); not nil,
-	// maybe empty. Both are nil on a plain table.
+	// maybe empty, once the run reached the partitions. Both are nil on a
+	// plain table.
 	Created, Dropped []PartitionSpan
 }
 
