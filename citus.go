@@ -45,7 +45,7 @@ func (l citusLayout) claimMany(c *batchClaim) []statement {
 	return sts
 }
 
-func (l citusLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
+func (l citusLayout) cleanup(ctx context.Context, s *Store, _ *Event) (int64, bool, error) {
 	return s.cleanupCitus(ctx)
 }
 

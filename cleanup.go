@@ -50,11 +50,13 @@ import (
 // On a table of the [Partitioned] layout Cleanup deletes no rows: it creates
 // the partitions of the next spans, seals the older ones and detaches and
 // drops those whose rows have all expired (docs/partitioning.md), logs what
-// it created and dropped, and returns the rows of the dropped partitions
-// (PostgreSQL's estimates). It then needs to own the table.
+// it created and dropped and reports them in the [Event] (Created,
+// Dropped), and returns the rows of the dropped partitions (PostgreSQL's
+// estimates). It then needs to own the table.
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
-	defer func() { s.cleanupDone(ctx, deleted, time.Since(start), err) }()
+	e := Event{Kind: EventCleanup}
+	defer func() { s.cleanupDone(ctx, &e, deleted, time.Since(start), err) }()
 	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -65,7 +67,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	giveUp := time.Now().Add(s.cfg.CleanupTurnWait)
 	var first *turnSighting // the turn as seen by this run's first try
 	for {
-		deleted, skipped, err := ls.messages.cleanup(ctx, s)
+		deleted, skipped, err := ls.messages.cleanup(ctx, s, &e)
 		if err != nil || !skipped {
 			if err == nil {
 				s.turn.reset()
@@ -191,7 +193,7 @@ const cleanupTurnSetting = "pgdedup.cleanup_turn"
 
 // cleanupDone logs and reports one Cleanup run. A run stopped by its context
 // (a service shutting down) is not a failure worth a warning.
-func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration, err error) {
+func (s *Store) cleanupDone(ctx context.Context, e *Event, deleted int64, d time.Duration, err error) {
 	switch {
 	case err == nil:
 		s.log.InfoContext(ctx, "pgdedup: cleanup", "table", s.messages.table, "deleted", deleted, "duration", d)
@@ -200,7 +202,8 @@ func (s *Store) cleanupDone(ctx context.Context, deleted int64, d time.Duration,
 	default:
 		s.log.WarnContext(ctx, "pgdedup: cleanup failed", "table", s.messages.table, "deleted", deleted, "duration", d, "error", err)
 	}
-	s.emit(ctx, Event{Kind: EventCleanup, Count: deleted, Duration: d, Err: err})
+	e.Count, e.Duration, e.Err = deleted, d, err
+	s.emit(ctx, *e)
 }
 
 // MinCleanerInterval is the shortest interval [Store.RunCleaner] accepts: a

@@ -20,7 +20,9 @@ const (
 	// the Count messages of the call (1, or the batch's distinct IDs) were not
 	// processed.
 	EventInFlight
-	// EventCleanup: a Cleanup run deleted Count expired rows in Duration (Err if it failed).
+	// EventCleanup: a Cleanup run deleted Count expired rows in Duration (Err
+	// if it failed); on a [Partitioned] table, Created and Dropped list the
+	// partitions it created and dropped.
 	EventCleanup
 	// EventPayloadMismatch: a delivery with [WithFingerprint] found its ID
 	// recorded with another fingerprint; Err is the *[PayloadMismatchError].
@@ -46,6 +48,21 @@ type Event struct {
 	Attempt   int           // for EventRetry: the attempt that failed, from 1
 	Duration  time.Duration // for EventProcessed and EventCleanup: time taken
 	Err       error         // for EventRetry, EventCleanup and EventPayloadMismatch
+
+	// Created and Dropped are, for EventCleanup on a [Partitioned] table,
+	// the partitions the run created and those it dropped, oldest first
+	// (Count is then the rows these held, PostgreSQL's estimate); not nil,
+	// maybe empty, once the run reached the partitions. Both are nil on a
+	// plain table.
+	Created, Dropped []PartitionSpan
+}
+
+// PartitionSpan is one partition of a [Partitioned] table that a Cleanup
+// created or dropped ([Event]): it holds the claims From ≤ processed_at < To.
+type PartitionSpan struct {
+	Name string    `json:"name"` // in the table's schema
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
 }
 
 func (s *Store) emit(ctx context.Context, e Event) {

@@ -47,7 +47,8 @@ type layout interface {
 	forget(c *forgetClaim) []statement
 	// cleanup deletes expired rows (see Store.Cleanup); skipped reports that
 	// it never had the cleaners' turn, another cleaner holding it throughout.
-	cleanup(ctx context.Context, s *Store) (deleted int64, skipped bool, err error)
+	// e is the run's EventCleanup, to which it may add what else it did.
+	cleanup(ctx context.Context, s *Store, e *Event) (deleted int64, skipped bool, err error)
 	// sizes fills in st's sizes, and what else the layout can say of the
 	// table's storage.
 	sizes(ctx context.Context, s *Store, st *Stats) error
@@ -273,7 +274,7 @@ func forgetStatements(l layout, c *forgetClaim) []statement {
 		affected: func(n int64) { c.found = n > 0 && !c.claim.claimed }})
 }
 
-func (plainLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
+func (plainLayout) cleanup(ctx context.Context, s *Store, _ *Event) (int64, bool, error) {
 	return s.cleanupPlain(ctx)
 }
 

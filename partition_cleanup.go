@@ -98,9 +98,12 @@ WHERE i.inhparent = '`+s.messages.table+`'::pg_catalog.regclass ORDER BY 4`)
 }
 
 // cleanupPartitioned is Cleanup on the partitioned layout; deleted is the
-// rows of the partitions it dropped (PostgreSQL's estimates).
-func (s *Store) cleanupPartitioned(ctx context.Context) (deleted int64, skipped bool, err error) {
+// rows of the partitions it dropped (PostgreSQL's estimates). It sets e's
+// Created and Dropped.
+func (s *Store) cleanupPartitioned(ctx context.Context, e *Event) (deleted int64, skipped bool, err error) {
+	e.Created, e.Dropped = []PartitionSpan{}, []PartitionSpan{}
 	created, err := s.createPartitions(ctx, 0)
+	e.Created = append(e.Created, created...)
 	if err != nil {
 		return 0, false, err
 	}
@@ -113,9 +116,19 @@ func (s *Store) cleanupPartitioned(ctx context.Context) (deleted int64, skipped 
 		return 0, false, err
 	}
 	dropped, deleted, err := s.dropPartitions(ctx, st)
-	s.log.InfoContext(ctx, "pgdedup: partitions", "table", s.messages.table, "created", created,
-		"sealed_before", sealedBefore.UTC(), "seal_waits_for", waiting, "dropped", dropped, "rows_dropped", deleted)
+	e.Dropped = append(e.Dropped, dropped...)
+	s.log.InfoContext(ctx, "pgdedup: partitions", "table", s.messages.table, "created", spanNames(created),
+		"sealed_before", sealedBefore.UTC(), "seal_waits_for", waiting, "dropped", spanNames(dropped), "rows_dropped", deleted)
 	return deleted, false, err
+}
+
+// spanNames are the names of ps, for logs.
+func spanNames(ps []PartitionSpan) []string {
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Name
+	}
+	return names
 }
 
 // partitionName is the name of the partition starting at from: the parent's
@@ -136,8 +149,8 @@ func partitionName(parent string, from time.Time) string {
 // back before the current one if none is older), each as a table of its own with
 // its unique index on key and index on expires_at, then attached. Concurrent
 // Cleanups take turns through the cleaners' advisory lock. It returns the
-// partitions it created.
-func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]string, error) {
+// partitions it created, oldest first.
+func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]PartitionSpan, error) {
 	st, err := s.readPartitions(ctx)
 	if err != nil {
 		return nil, err
@@ -146,44 +159,39 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]str
 	for _, p := range st.parts {
 		have[p.from.UnixMicro()] = true
 	}
-	var created []string
-	var ddl strings.Builder
-	for k := range partitionsAhead + 1 {
-		from := st.current.Add(time.Duration(k) * st.span)
-		if have[from.UnixMicro()] {
-			continue
-		}
-		name := partitionName(st.name, from)
-		ddl.WriteString(createPartitionSQL(s.messages.table, st, name, from, from.Add(st.span)))
-		created = append(created, name)
-	}
+	var created []PartitionSpan
 	// One partition for the past (back, in whole spans), when there is none:
 	// for IDs imported with their times. Sealed from the start.
 	if back > 0 && (len(st.parts) == 0 || !st.parts[0].from.Before(st.current)) {
 		from := st.current.Add(-(back + st.span - 1) / st.span * st.span)
-		name := partitionName(st.name, from)
-		ddl.WriteString(createPartitionSQL(s.messages.table, st, name, from, st.current))
-		created = append(created, name)
+		created = append(created, PartitionSpan{Name: partitionName(st.name, from), From: from.UTC(), To: st.current.UTC()})
 	}
-	if len(created) > 0 {
-		if err := s.exec(ctx, createPartitionsSQL(s.messages.table, ddl.String())); err != nil {
-			return nil, fmt.Errorf("pgdedup: create partitions %s of %s: %w", strings.Join(created, ", "), s.messages.table, withDetail(err))
+	for k := range partitionsAhead + 1 {
+		from := st.current.Add(time.Duration(k) * st.span)
+		if !have[from.UnixMicro()] {
+			created = append(created, PartitionSpan{Name: partitionName(st.name, from), From: from.UTC(), To: from.Add(st.span).UTC()})
 		}
 	}
 	if len(created) == 0 {
 		return nil, nil
+	}
+	var ddl strings.Builder
+	for _, p := range created {
+		ddl.WriteString(createPartitionSQL(s.messages.table, st, p.Name, p.From, p.To))
+	}
+	if err := s.exec(ctx, createPartitionsSQL(s.messages.table, ddl.String())); err != nil {
+		return nil, fmt.Errorf("pgdedup: create partitions %s of %s: %w", strings.Join(spanNames(created), ", "), s.messages.table, withDetail(err))
 	}
 	// Another cleaner may have had the turn: report what this one made.
 	after, err := s.readPartitions(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var made []string
-	for _, name := range created {
-		for _, p := range after.parts {
-			if p.name == name && !slices.ContainsFunc(st.parts, func(q partitionInfo) bool { return q.name == name }) {
-				made = append(made, name)
-			}
+	made := created[:0]
+	for _, p := range created {
+		named := func(q partitionInfo) bool { return q.name == p.Name }
+		if slices.ContainsFunc(after.parts, named) && !slices.ContainsFunc(st.parts, named) {
+			made = append(made, p)
 		}
 	}
 	return made, nil
@@ -290,13 +298,14 @@ AND relation = '` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
 }
 
 // dropPartitions detaches (CONCURRENTLY) and drops the sealed partitions
-// that ended a Retention ago and whose rows have all expired, oldest first, stopping at the first that still
-// holds a live row. A partition left pending by an interrupted detach is
-// finalized. A detach that waits longer than detachWait for old transactions
-// is cancelled and left to the next run.
-func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped []string, rows int64, err error) {
-	// PostgreSQL lets one partition of a table be pending detach at a time:
-	// finish that one first.
+// that ended a Retention ago and whose rows have all expired, oldest first,
+// stopping at the first that still holds a live row. A partition left
+// pending by an interrupted detach is finalized first (PostgreSQL lets one
+// partition of a table be pending detach at a time). A detach that waits
+// longer than detachWait for old transactions is cancelled and left to the
+// next run. It returns the partitions it dropped and their rows
+// (PostgreSQL's estimates).
+func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped []PartitionSpan, rows int64, err error) {
 	parts := slices.Clone(st.parts)
 	slices.SortStableFunc(parts, func(a, b partitionInfo) int {
 		if a.pending != b.pending {
@@ -313,55 +322,75 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		if p.to.After(st.sealed) || p.to.Add(s.cfg.Retention).After(st.current) {
 			break
 		}
-		q := st.quoted(p.name)
-		detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
-		if p.pending {
-			// FINALIZE locks the partition before it waits for the
-			// transactions that may still read it, which then deadlock with
-			// it: let them end first. Later ones never see the partition.
-			waiting, err := s.waitLockers(ctx, cmp.Or(s.waits.detach, defaultDetachWait))
-			if err != nil || waiting > 0 {
-				s.log.InfoContext(ctx, "pgdedup: detach waits for transactions", "partition", p.name, "open", waiting)
-				return dropped, rows, err
-			}
-		} else {
-			var live bool
-			if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
-				return dropped, rows, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
-			}
-			if live {
-				break
-			}
-			detach = `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
+		mine, done, err := s.detachPartition(ctx, st, p)
+		if err != nil || done {
+			return dropped, rows, err
 		}
-		err := s.execAlone(ctx, cmp.Or(s.waits.detach, defaultDetachWait), detach)
-		mine := err == nil
-		if code, _ := sqlState(err); code == "42P01" {
-			err = nil // another cleaner detached it (and drops it, as below)
-		}
-		if err != nil {
-			// Cancelled after the detach wait, the lock wait over, or another
-			// cleaner's detach pending: the next run goes on.
-			if code, _ := sqlState(err); code == "57014" || code == "55P03" || code == "55000" || code == "40P01" {
-				s.log.InfoContext(ctx, "pgdedup: detach left to the next cleanup", "partition", p.name, "error", err)
-				return dropped, rows, ctx.Err()
-			}
-			return dropped, rows, fmt.Errorf("pgdedup: detach partition %s: %w", p.name, withDetail(err))
-		}
-		b := &pgx.Batch{}
-		b.Queue(`BEGIN`)
-		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
-		b.Queue(`DROP TABLE IF EXISTS ` + q)
-		b.Queue(`COMMIT`)
-		if err := s.db.SendBatch(ctx, b).Close(); err != nil {
-			return dropped, rows, fmt.Errorf("pgdedup: drop detached partition %s: %w", p.name, withDetail(err))
+		if err := s.dropDetached(ctx, st, p); err != nil {
+			return dropped, rows, err
 		}
 		if mine {
-			dropped = append(dropped, p.name)
+			dropped = append(dropped, PartitionSpan{Name: p.name, From: p.from.UTC(), To: p.to.UTC()})
 			rows += p.rows
 		}
 	}
 	return dropped, rows, nil
+}
+
+// detachPartition detaches p: DETACH … CONCURRENTLY, or FINALIZE if p is
+// pending. mine: this run detached it (not another cleaner). done: this run
+// goes no further (a live row in p, old transactions still open, or the
+// detach cut short), which err says only if it is an error.
+func (s *Store) detachPartition(ctx context.Context, st *partitionState, p partitionInfo) (mine, done bool, err error) {
+	q := st.quoted(p.name)
+	wait := cmp.Or(s.waits.detach, defaultDetachWait)
+	detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
+	if p.pending {
+		// FINALIZE locks the partition before it waits for the transactions
+		// that may still read it, which then deadlock with it: let them end
+		// first. Later ones never see the partition.
+		waiting, err := s.waitLockers(ctx, wait)
+		if err != nil || waiting > 0 {
+			s.log.InfoContext(ctx, "pgdedup: detach waits for transactions", "partition", p.name, "open", waiting)
+			return false, true, err
+		}
+	} else {
+		var live bool
+		if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
+			return false, true, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
+		}
+		if live {
+			return false, true, nil
+		}
+		detach = `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
+	}
+	err = s.execAlone(ctx, wait, detach)
+	switch code, _ := sqlState(err); {
+	case err == nil:
+		return true, false, nil
+	case code == "42P01":
+		return false, false, nil // another cleaner detached it (and drops it, as this one does)
+	case code == "57014" || code == "55P03" || code == "55000" || code == "40P01":
+		// Cancelled after the detach wait, the lock wait over, or another
+		// cleaner's detach pending: the next run goes on.
+		s.log.InfoContext(ctx, "pgdedup: detach left to the next cleanup", "partition", p.name, "error", err)
+		return false, true, ctx.Err()
+	default:
+		return false, true, fmt.Errorf("pgdedup: detach partition %s: %w", p.name, withDetail(err))
+	}
+}
+
+// dropDetached drops p once detached, waiting for its lock at most 2s.
+func (s *Store) dropDetached(ctx context.Context, st *partitionState, p partitionInfo) error {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
+	b.Queue(`DROP TABLE IF EXISTS ` + st.quoted(p.name))
+	b.Queue(`COMMIT`)
+	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("pgdedup: drop detached partition %s: %w", p.name, withDetail(err))
+	}
+	return nil
 }
 
 // execAlone runs sql as a statement of its own (DETACH … CONCURRENTLY may
@@ -447,8 +476,8 @@ FROM pg_catalog.to_regclass($1::text) r`, q).Scan(&tb, &ib, &dead)
 
 func ptr[T any](v T) *T { return &v }
 
-func (l partitionedLayout) cleanup(ctx context.Context, s *Store) (int64, bool, error) {
-	return s.cleanupPartitioned(ctx)
+func (l partitionedLayout) cleanup(ctx context.Context, s *Store, e *Event) (int64, bool, error) {
+	return s.cleanupPartitioned(ctx, e)
 }
 
 func (l partitionedLayout) sizes(ctx context.Context, s *Store, st *Stats) error {

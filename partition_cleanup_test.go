@@ -184,8 +184,10 @@ func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 			if claimed, err := b.store.Claim(ctx, txA, "x"); err != nil || !claimed {
 				t.Fatalf("first claim: %v, %v", claimed, err)
 			}
+			// The claim's own row, the newest (hand-over copies carry the
+			// start of older partitions).
 			var startA time.Time
-			if err := txA.QueryRow(ctx, `SELECT processed_at FROM processed_messages WHERE message_id = 'x'`).Scan(&startA); err != nil {
+			if err := txA.QueryRow(ctx, `SELECT max(processed_at) FROM processed_messages WHERE message_id = 'x'`).Scan(&startA); err != nil {
 				t.Fatal(err)
 			}
 			waitSwitch(t, b.pool)
@@ -250,7 +252,7 @@ func TestPartitionedTxOpenAcrossSwitches(t *testing.T) {
 		t.Fatalf("long claim: %v, %v", claimed, err)
 	}
 	var start time.Time
-	if err := txL.QueryRow(ctx, `SELECT processed_at FROM processed_messages WHERE message_id = 'held'`).Scan(&start); err != nil {
+	if err := txL.QueryRow(ctx, `SELECT max(processed_at) FROM processed_messages WHERE message_id = 'held'`).Scan(&start); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
@@ -351,8 +353,11 @@ func TestPartitionedLockTimeoutAcrossSwitch(t *testing.T) {
 // The cleaner drops a partition while a transaction reads it: the DETACH …
 // CONCURRENTLY waits for that transaction, without holding up claims; cut
 // short (detach wait over) it is left pending and finished by a later run.
-// The reader, a REPEATABLE READ transaction, still finds the partition's IDs
-// until it ends; once the partition is dropped they are forgotten.
+// The reader, a REPEATABLE READ transaction, still finds the ID until it
+// ends; once its partitions are dropped it is forgotten. The ID is claimed
+// just after a switch, before the seal (a transaction holds the table), so
+// it is in two partitions or more: its own and a hand-over copy in each
+// unsealed one before it. The oldest goes first.
 func TestPartitionedDropWhileRead(t *testing.T) {
 	t.Parallel()
 	// 2-second partitions, and time enough before old expires by itself.
@@ -367,27 +372,37 @@ func TestPartitionedDropWhileRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	holder := newSession(t, b)
+	txH, err := holder.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, txH, `SELECT FROM processed_messages LIMIT 0`)
+	waitSwitch(t, b.pool)
 	if processed, err := b.store.Process(ctx, "old", charge("old")); err != nil || !processed {
 		t.Fatalf("old: %v, %v", processed, err)
 	}
-	var oldPart string
-	var oldAt time.Time
-	if err := b.pool.QueryRow(ctx, `SELECT tableoid::regclass::text, processed_at FROM processed_messages WHERE message_id = 'old'
-ORDER BY processed_at DESC LIMIT 1`).Scan(&oldPart, &oldAt); err != nil {
+	if err := txH.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitSwitch(t, b.pool)
-	// Seal old's partition, drop the empty ones before it (made by Setup).
-	for {
-		_, sealed := partitionClock(t, b.pool)
-		if sealed.After(oldAt) && pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = 'processed_messages'::regclass AND c.relname < $1`, oldPart) == 0 {
-			break
-		}
-		if _, err := cleaner.Cleanup(ctx); err != nil {
-			t.Fatal(err)
-		}
+	// oldPart: the oldest partition holding old; oldAt: its newest row, the
+	// claim's own.
+	var oldPart string
+	var oldAt time.Time
+	var copies int
+	if err := b.pool.QueryRow(ctx, `SELECT (array_agg(tableoid::regclass::text ORDER BY processed_at))[1], max(processed_at), count(*)
+FROM processed_messages WHERE message_id = 'old'`).Scan(&oldPart, &oldAt, &copies); err != nil {
+		t.Fatal(err)
 	}
+	if copies < 2 {
+		t.Fatalf("old is in %d partition(s), want its own and a hand-over copy (claimed after a switch, before the seal)", copies)
+	}
+	// Seal old's partitions, drop the empty ones before them (made by Setup).
+	cleanupUntil(ctx, t, b, cleaner, "old's partitions sealed, none before them", func() bool {
+		_, sealed := partitionClock(t, b.pool)
+		return sealed.After(oldAt) && pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'processed_messages'::regclass AND c.relname < $1`, oldPart) == 0
+	})
 
 	reader := newSession(t, b)
 	txR, err := reader.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
@@ -396,18 +411,14 @@ WHERE i.inhparent = 'processed_messages'::regclass AND c.relname < $1`, oldPart)
 	}
 	defer txR.Rollback(ctx)
 	if claimed, err := b.store.Claim(ctx, txR, "old"); err != nil || claimed {
-		t.Fatalf("reader's claim of old: claimed=%v err=%v, want a duplicate (found in its sealed partition)", claimed, err)
+		t.Fatalf("reader's claim of old: claimed=%v err=%v, want a duplicate (found in its sealed partitions)", claimed, err)
 	}
 	expire(t, b, "billing")
 
 	// Cut short: left pending (a detach cut short before it marked the
 	// partition changes nothing: try again).
 	pgdedup.SetPartitionWaits(cleaner, 5*time.Second, 3*time.Second)
-	for !detaching(t, b, oldPart) {
-		if _, err := cleaner.Cleanup(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cleanupUntil(ctx, t, b, cleaner, oldPart+" pending detach", func() bool { return detaching(t, b, oldPart) })
 	// Finished by the next run, once the reader ends (FINALIZE waits for the
 	// transactions that may read the partition before it locks it); claims
 	// go on meanwhile.
@@ -426,19 +437,119 @@ WHERE i.inhparent = 'processed_messages'::regclass AND c.relname < $1`, oldPart)
 	if err := receive(t, done, "the Cleanup that finalizes"); err != nil {
 		t.Fatal(err)
 	}
-	// (It finalizes unless it met the keeper's detach: then a later run.)
-	for pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_class WHERE oid = to_regclass($1)`, oldPart) != 0 {
-		if _, err := cleaner.Cleanup(ctx); err != nil {
-			t.Fatal(err)
-		}
+	// Then the rest of old's partitions go (and oldPart, if that run was
+	// cut short).
+	cleanupUntil(ctx, t, b, cleaner, "every partition holding old dropped", func() bool {
+		return pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'old'`) == 0 &&
+			pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_messages'::regclass AND inhdetachpending`) == 0
+	})
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_class WHERE oid = to_regclass($1)`, oldPart); n != 0 {
+		t.Errorf("%s still exists (detached, not dropped)", oldPart)
 	}
 	if processed, err := b.store.Process(ctx, "old", charge("old")); err != nil || !processed {
-		t.Errorf("old after its partition was dropped: processed=%v err=%v, want processed (forgotten)", processed, err)
+		t.Errorf("old after its partitions were dropped: processed=%v err=%v, want processed (forgotten)", processed, err)
 	}
+}
+
+// cleanupUntil runs store's Cleanup until done holds, and fails after a
+// minute saying what it waited for and showing the partitions (a hang guard:
+// it returns as soon as done holds).
+func cleanupUntil(ctx context.Context, t *testing.T, b *bundle, store *pgdedup.Store, what string, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatalf("Cleanup for a minute, and still not %s; partitions: %s", what, partitionsNow(t, b))
+		}
+		if _, err := store.Cleanup(ctx); err != nil {
+			t.Fatalf("Cleanup, waiting for %s: %v", what, err)
+		}
+	}
+}
+
+// partitionsNow describes the partitions of processed_messages and the rows
+// in each, for failure messages.
+func partitionsNow(t *testing.T, b *bundle) string {
+	t.Helper()
+	var s string
+	err := b.pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(format('%s%s [%s]', c.relname,
+  CASE WHEN i.inhdetachpending THEN ' (detaching)' ELSE '' END,
+  (SELECT string_agg(x.message_id || ' expires ' || x.expires_at, ', ') FROM processed_messages x WHERE x.tableoid = c.oid)), '; ' ORDER BY c.relname), 'none')
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'processed_messages'::regclass`).Scan(&s)
+	if err != nil {
+		return err.Error()
+	}
+	return s + fmt.Sprintf(" (sealed before %s)", func() time.Time { _, sealed := partitionClock(t, b.pool); return sealed }())
 }
 
 // detaching reports whether partition is pending detach.
 func detaching(t *testing.T, b *bundle, partition string) bool {
 	t.Helper()
 	return pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass($1) AND inhdetachpending`, partition) == 1
+}
+
+// Cleanup reports the partitions it created and dropped in its EventCleanup
+// (nil on a plain table): after a switch, the one partitionsAhead spans
+// ahead is created, and the past one Setup made and those after it before
+// the current one, empty and a Retention (the cleaner's, a second) past
+// their end, are dropped, oldest first.
+func TestPartitionedCleanupEvent(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	runs := make(chan pgdedup.Event, 1)
+	onEvent := func(_ context.Context, e pgdedup.Event) {
+		if e.Kind == pgdedup.EventCleanup {
+			runs <- e
+		}
+	}
+	plain := setup(t, pgdedup.Config{OnEvent: onEvent})
+	if _, err := plain.store.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := receive(t, runs, "the plain table's cleanup event"); e.Created != nil || e.Dropped != nil {
+		t.Errorf("plain table: created %v, dropped %v, want nil", e.Created, e.Dropped)
+	}
+
+	b := setupPartitioned(t, pgdedup.Config{}) // 2-second partitions
+	if b == nil {
+		return // Citus: refused
+	}
+	var past pgdedup.PartitionSpan
+	if err := b.pool.QueryRow(ctx, `SELECT c.relname::text, b.m[1]::timestamptz, b.m[2]::timestamptz
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS b(m)
+WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 LIMIT 1`).Scan(&past.Name, &past.From, &past.To); err != nil {
+		t.Fatal(err)
+	}
+	cleaner, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cleaner", Retention: time.Second, OnEvent: onEvent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSwitch(t, b.pool)
+	if _, err := cleaner.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := receive(t, runs, "the cleanup event")
+	current, _ := partitionClock(t, b.pool)
+	if len(e.Dropped) == 0 || e.Dropped[0].Name != past.Name || !e.Dropped[0].From.Equal(past.From) || !e.Dropped[0].To.Equal(past.To) || e.Count != 0 {
+		t.Errorf("dropped %+v (%d rows), want the empty past partition %+v first", e.Dropped, e.Count, past)
+	}
+	for i, p := range e.Dropped {
+		if p.To.After(current) || i > 0 && !p.From.Equal(e.Dropped[i-1].To) ||
+			pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_class WHERE oid = to_regclass($1)`, p.Name) != 0 {
+			t.Errorf("dropped %+v: want gone, oldest first, all before the current partition (%s)", e.Dropped, current)
+		}
+	}
+	if len(e.Created) == 0 {
+		t.Fatalf("created nothing after a switch")
+	}
+	last := e.Created[len(e.Created)-1]
+	if want := current.Add(3 * 2 * time.Second); !last.From.Equal(want) && !last.From.Equal(want.Add(-2*time.Second)) {
+		t.Errorf("created %+v, want the partition 3 spans after the current one (%s) last", e.Created, want)
+	}
+	for _, p := range e.Created {
+		if p.To.Sub(p.From) != 2*time.Second || pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass($1)`, p.Name) != 1 {
+			t.Errorf("created %+v: want a 2-second partition of the table", p)
+		}
+	}
 }

@@ -173,20 +173,31 @@ func TestPartitionedImport(t *testing.T) {
 			t.Fatalf("%s after the import: processed=%v err=%v, want a duplicate", id, processed, err)
 		}
 	}
-	// Once both expired (made so here), Cleanup drops their partition: a
-	// cleaner whose Retention (a second) has passed since it ended.
-	expire(t, b, "billing")
+	var inPast int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages
+WHERE message_id LIKE 'imported-%' AND processed_at < (SELECT sealed FROM pgdedup_partitions)`).Scan(&inPast); err != nil || inPast != 2 {
+		t.Fatalf("%d imported rows in sealed partitions (%v), want 2", inPast, err)
+	}
+	// Not before they expire: a cleaner whose Retention (a second) has
+	// passed since their partition ended leaves it while they are live.
 	cleaner, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cleaner", Retention: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitSwitch(t, b.pool)
+	if _, err := cleaner.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'imported-%'`); n != 2 {
+		t.Fatalf("%d imported rows left by a Cleanup before they expired, want 2", n)
+	}
+	// Once both expired (made so here), Cleanup drops their partition.
+	expire(t, b, "billing")
 	// (The test's keeper may be dropping it at the same time: Cleanup until
 	// it is gone.)
-	for pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'imported-%'`) > 0 {
-		if _, err := cleaner.Cleanup(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cleanupUntil(ctx, t, b, cleaner, "the imported IDs' partition dropped", func() bool {
+		return pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'imported-%'`) == 0
+	})
 	for _, id := range []string{"imported-1", "imported-2"} {
 		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || !processed {
 			t.Errorf("%s once expired and cleaned up: processed=%v err=%v, want processed", id, processed, err)

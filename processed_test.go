@@ -453,3 +453,32 @@ func TestHundredThousandIDBatches(t *testing.T) {
 		t.Fatalf("%d orders charged exactly once, want 150000", n)
 	}
 }
+
+// IDs imported by raw SQL with their original times on the plain table
+// (no key: the trigger fills it) are duplicates until their expires_at, and
+// deleted by Cleanup after it, not before; then they are forgotten.
+func TestImportRawSQL(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at) VALUES
+('billing', 'imported-1', now() - interval '30 hours', now() + interval '1 minute'),
+('billing', 'imported-2', now() - interval '5 seconds', now() + interval '1 minute')`)
+	if _, err := b.store.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"imported-1", "imported-2"} {
+		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || processed {
+			t.Fatalf("%s after the import and a Cleanup: processed=%v err=%v, want a duplicate", id, processed, err)
+		}
+	}
+	expire(t, b, "billing")
+	if deleted, err := b.store.Cleanup(ctx); err != nil || deleted != 2 {
+		t.Fatalf("Cleanup once they expired: deleted %d, %v; want 2", deleted, err)
+	}
+	for _, id := range []string{"imported-1", "imported-2"} {
+		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || !processed {
+			t.Errorf("%s once expired and cleaned up: processed=%v err=%v, want processed", id, processed, err)
+		}
+	}
+}

@@ -85,13 +85,41 @@ func (r steadyResult) markdown() string {
 	row("heap per million rows", func(t steadyRun) string { return perMillion(t.heap, t.rowsEnd) })
 	row("indexes per million rows", func(t steadyRun) string { return perMillion(t.indexes, t.rowsEnd) })
 	row("preload, VACUUM and CHECKPOINT", func(t steadyRun) string { return t.loadTook.Round(time.Second).String() })
-	p("\n")
+	p("\n%s\n", r.scaled())
 	for _, ch := range r.checks {
 		p("- %s %s\n", map[bool]string{true: "PASS", false: "FAIL"}[ch.ok], ch.what)
 	}
 	p("\n")
 	return b.String()
 }
+
+// The rate and Retention that scaled scales the run's figures to, for the
+// docs to link to rather than to work out by hand.
+const (
+	scaleRate      = 1000 // new messages/s
+	scaleRetention = 48 * time.Hour
+)
+
+// scaled is the run's WAL per message and size per row scaled to a day at
+// scaleRate and to a table of scaleRetention at it: arithmetic on the
+// measured figures, which says so.
+func (r steadyResult) scaled() string {
+	e, f := r.empty, r.full
+	perDay := float64(scaleRate) * 86400
+	rows := perDay * scaleRetention.Hours() / 24
+	s := fmt.Sprintf("Scaled (arithmetic on the figures above, GB = 10⁹ bytes): WAL a day at %s new messages/s: "+
+		"%s at steady state, %s on the empty table (WAL per message × %s messages; it depends on the Retention/cycle "+
+		"proportion, not on the rate)", count(scaleRate), gb(f.walPerMsg()*perDay), gb(e.walPerMsg()*perDay), count(perDay))
+	if f.rowsEnd >= 1000 {
+		perRow := float64(f.heap+f.indexes) / float64(f.rowsEnd)
+		s += fmt.Sprintf("; the table and its indexes holding %s of it (%s rows): %s (steady state's heap and indexes per row)",
+			scaleRetention, count(rows), gb(perRow*rows))
+	}
+	return s + ".\n"
+}
+
+// gb formats bytes in GB of 10⁹ bytes.
+func gb(bytes float64) string { return fmt.Sprintf("%.1f GB", bytes/1e9) }
 
 func perMillion(bytes, rows int64) string {
 	if rows < 1000 {

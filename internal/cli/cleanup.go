@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,13 +11,16 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [--turn-wait D] [flags]
+const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [--json] [--turn-wait D] [flags]
 
 Deletes the message IDs whose retention has passed (expires_at before now),
 of every consumer in the table, in transactions of at most N rows each, and
 prints how many rows it deleted and how long it took. Rows that have not
 expired are never touched. Exits non-zero on failure; the batches committed
 before a failure stay deleted, so the next run picks up where it stopped.
+On a partitioned table (docs/partitioning.md) it creates the partitions
+ahead, seals and drops the expired ones, and prints each partition it
+created and dropped with its span; the rows are PostgreSQL's estimate.
 
 Safe to run from several places at once (cleaners take turns) and while
 consumers are processing. For cron, or a Kubernetes CronJob. When another
@@ -29,9 +33,20 @@ Flags:
 Examples:
   DATABASE_URL='postgres://app@db:5432/app?sslmode=verify-full' pgdedup cleanup
   DATABASE_URL=postgres://app@db/app pgdedup cleanup --dry-run
+  DATABASE_URL=postgres://app@db/app pgdedup cleanup --json | jq .dropped_partitions
   # crontab: every 15 minutes
   */15 * * * * DATABASE_URL=postgres://app@db/app pgdedup cleanup --timeout 10m
 `
+
+// cleanupJSON is the --json output of cleanup.
+type cleanupJSON struct {
+	Table   string  `json:"table"`
+	Deleted int64   `json:"deleted_rows"` // partitioned: the dropped partitions' rows, estimated
+	Seconds float64 `json:"seconds"`
+	// The partitions created and dropped: null on a plain table.
+	Created []pgdedup.PartitionSpan `json:"created_partitions"`
+	Dropped []pgdedup.PartitionSpan `json:"dropped_partitions"`
+}
 
 func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("cleanup", cleanupHelp, stdout, stderr)
@@ -40,6 +55,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	dryRun := fs.Bool("dry-run", false, "only count the expired rows; delete nothing")
 	timeout := fs.Duration("timeout", 0, "give up after `D`, e.g. 10m; committed batches stay deleted (default: no limit)")
 	verbose := fs.Bool("verbose", false, "log each batch (rows and time) to stderr")
+	asJSON := fs.Bool("json", false, "print one JSON object (times in RFC 3339)")
 	turnWait := fs.Duration("turn-wait", 30*time.Second, "wait up to `D` for another cleaner's turn to end, then fail")
 	_, code, ok := c.parseArgs(fs, args, 0, "")
 	switch {
@@ -61,7 +77,17 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	store, conn, code := c.openStore(ctx, pgdedup.Config{CleanupBatchSize: *batch, CleanupTurnWait: max(*turnWait, time.Nanosecond), Logger: logger}) // 0: one try, and fail without the turn
+	var run pgdedup.Event // the run's EventCleanup: the partitions it created and dropped
+	store, conn, code := c.openStore(ctx, pgdedup.Config{
+		CleanupBatchSize: *batch,
+		CleanupTurnWait:  max(*turnWait, time.Nanosecond), // 0: one try, and fail without the turn
+		Logger:           logger,
+		OnEvent: func(_ context.Context, e pgdedup.Event) {
+			if e.Kind == pgdedup.EventCleanup {
+				run = e
+			}
+		},
+	})
 	if store == nil {
 		return code
 	}
@@ -88,6 +114,26 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return c.fail(fmt.Errorf("stopped after deleting %d expired rows from %s in %s: %w", deleted, c.table, took, err))
 	}
-	fmt.Fprintf(stdout, "deleted %d expired rows from %s in %s\n", deleted, c.table, took)
+	if *asJSON {
+		out := cleanupJSON{Table: c.table, Deleted: deleted, Seconds: took.Seconds(), Created: run.Created, Dropped: run.Dropped}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return c.fail(err)
+		}
+		return exitOK
+	}
+	if run.Dropped == nil { // a plain table
+		fmt.Fprintf(stdout, "deleted %d expired rows from %s in %s\n", deleted, c.table, took)
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "dropped %d and created %d partitions of %s (about %d rows dropped) in %s\n",
+		len(run.Dropped), len(run.Created), c.table, deleted, took)
+	for _, p := range run.Dropped {
+		fmt.Fprintf(stdout, "dropped %s: %s to %s\n", p.Name, p.From.Format(time.RFC3339Nano), p.To.Format(time.RFC3339Nano))
+	}
+	for _, p := range run.Created {
+		fmt.Fprintf(stdout, "created %s: %s to %s\n", p.Name, p.From.Format(time.RFC3339Nano), p.To.Format(time.RFC3339Nano))
+	}
 	return exitOK
 }

@@ -22,6 +22,7 @@ Commands:
   stats [--json]               rows per consumer, expiry, table size
   lookup --consumer C ID...    is each ID recorded, when, until when
   forget --consumer C ID...    delete IDs' rows: their next delivery is processed
+  import --consumer C          record IDs with their times, from CSV
   citus distribute [--colocate TABLE:COLUMN]...
                                distribute the table over a Citus cluster
   demo                         see exactly-once against broken recipes
@@ -33,7 +34,7 @@ server's certificate and name (require only encrypts). The demo, given
 neither, uses a server on localhost:5432 or else starts a throwaway one from
 the local PostgreSQL binaries.
 
-cleanup, stats, lookup and forget take --table (default ` + pgdedup.DefaultTable + `,
+cleanup, stats, lookup, forget and import take --table (default ` + pgdedup.DefaultTable + `,
 optionally schema.table); cleanup and stats cover every consumer in it.
 Run "pgdedup <command> --help" for a command's flags and examples.
 `
@@ -60,6 +61,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runLookup(ctx, rest, stdout, stderr)
 	case "forget":
 		return runForget(ctx, rest, stdout, stderr)
+	case "import":
+		return runImport(ctx, rest, stdout, stderr)
 	case "citus":
 		return runCitus(ctx, rest, stdout, stderr)
 	case "demo":

@@ -23,7 +23,8 @@ Prints the size of the table and of its indexes, its dead tuples (rows deleted
 and not yet vacuumed) and when it was last vacuumed and autovacuumed; then, per
 consumer: the rows held, the oldest processed_at, the rows already expired
 (deleted by the next cleanup), and the next expiry among the rest; then each
-index and its size. It reads the whole table: on tens of millions of rows,
+index and its size, or on a partitioned table each partition with its span,
+rows, size and state. It reads the whole table: on tens of millions of rows,
 expect it to take seconds.
 
 It shows the --max-consumers consumers with the most rows, and says how many
@@ -184,9 +185,40 @@ func printStats(w io.Writer, st stats) {
 		}
 		tw.Flush()
 	}
+	if len(st.Partitions) > 0 {
+		printPartitions(w, st)
+	}
 	if st.ExpiredRows > 0 {
 		fmt.Fprintf(w, "\n%d expired rows wait for cleanup (RunCleaner, or `pgdedup cleanup`)\n", st.ExpiredRows)
 	}
+}
+
+// printPartitions lists the partitions of a partitioned table, oldest
+// first, with their spans, rows, sizes and states.
+func printPartitions(w io.Writer, st stats) {
+	fmt.Fprintf(w, "\n%d partitions of %s each", len(st.Partitions), st.PartitionSpan)
+	if st.SealedBefore != nil {
+		fmt.Fprintf(w, ", sealed before %s", st.SealedBefore.Format(time.RFC3339Nano))
+	}
+	fmt.Fprintln(w, " (rows include hand-over copies)")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tFROM\tTO\tROWS\tSIZE\tSTATE")
+	for _, p := range st.Partitions {
+		state := "unsealed"
+		switch {
+		case p.Detaching:
+			state = "detaching"
+		case p.Sealed:
+			state = "sealed"
+		case p.From.After(st.Now):
+			state = "ahead"
+		case p.To.After(st.Now):
+			state = "current"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", shown(p.Name), p.From.Format(time.RFC3339Nano), p.To.Format(time.RFC3339Nano),
+			p.Rows, bytes(p.Bytes), state)
+	}
+	tw.Flush()
 }
 
 // when formats t as RFC 3339 and how long before now, or "never".

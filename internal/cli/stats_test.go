@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -8,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
@@ -210,5 +214,68 @@ func TestStatsCapsConsumers(t *testing.T) {
 	}
 	if r := run(t, "stats", "--max-consumers", "0", "--database-url", db.URL); r.code != 2 || !strings.Contains(r.stderr, "--max-consumers must be a positive number") {
 		t.Errorf("--max-consumers 0: %s", r)
+	}
+}
+
+// On a partitioned table, stats lists the partitions in text as --json does:
+// each with its span, rows, size and state (the past one Setup made sealed,
+// the one holding the claims current, those ahead of the clock ahead).
+func TestStatsCommandPartitioned(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Setup(ctx); pgtest.CitusColumn() != "" {
+		if err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
+			t.Fatalf("Setup of a distributed table: %v, want a refusal", err)
+		}
+		return
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		if _, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st struct {
+		Now        time.Time                `json:"now"`
+		Partitions []pgdedup.PartitionStats `json:"partitions"`
+	}
+	var text result
+	// Both outputs in one 5-minute partition (again if one began between).
+	for st.Now.IsZero() || !st.Now.Truncate(5*time.Minute).Equal(time.Now().Add(-time.Second).Truncate(5*time.Minute)) {
+		r := run(t, "stats", "--json", "--database-url", db.URL)
+		if err := json.Unmarshal([]byte(r.stdout), &st); r.code != 0 || err != nil || len(st.Partitions) < 5 {
+			t.Fatalf("stats --json: %v: %s, want 5 partitions or more (the past one, the current one, 3 ahead)", err, r)
+		}
+		text = run(t, "stats", "--database-url", db.URL)
+	}
+	if text.code != 0 || !regexp.MustCompile(`\n\d+ partitions of 5m0s each, sealed before \S+Z \(rows include hand-over copies\)\nPARTITION +FROM +TO +ROWS +SIZE +STATE\n`).MatchString(text.stdout) {
+		t.Fatalf("stats: no partitions header in %s", text)
+	}
+	states := map[string]int{}
+	for _, p := range st.Partitions {
+		state := "ahead"
+		switch {
+		case p.Sealed:
+			state = "sealed"
+		case !p.From.After(st.Now) && p.To.After(st.Now):
+			state = "current"
+		case !p.From.After(st.Now):
+			state = "unsealed"
+		}
+		states[state]++
+		line := regexp.MustCompile(fmt.Sprintf(`\n%s +%s +%s +%d +[0-9.]+ [kMG]?B +%s\n`, regexp.QuoteMeta(p.Name),
+			regexp.QuoteMeta(p.From.Format(time.RFC3339)), regexp.QuoteMeta(p.To.Format(time.RFC3339)), p.Rows, state))
+		if p.Bytes <= 0 || !line.MatchString(text.stdout) {
+			t.Errorf("stats: no line for %+v (%s) in\n%s", p, state, text.stdout)
+		}
+	}
+	if states["sealed"] == 0 || states["current"] != 1 || states["ahead"] < 3 {
+		t.Errorf("partition states %v, want the past one sealed, one current, 3 ahead", states)
 	}
 }
