@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -40,9 +39,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	t.Logf("seed %d", seed)
+	rng := fleet.Rand(t)
 	ts := newTestStream(t, url, rng, dupWindow)
 
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -35,9 +34,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	if err := shop.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	t.Logf("seed %d", seed)
+	rng := fleet.Rand(t)
 
 	ch, queue := testQueue(t, amqpURL, rng)
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}
