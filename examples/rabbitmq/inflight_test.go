@@ -12,7 +12,6 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A delivery whose message ID is claimed by a transaction still open elsewhere
@@ -31,12 +30,9 @@ func TestInFlightDeliveryIsRequeuedUntilTheFirstEnds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			amqpURL := rabbitURL(t)
-			db := pgdeduptest.New(t)
+			db := fleet.ShopDB(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := shop.Migrate(ctx, db.Pool); err != nil {
-				t.Fatal(err)
-			}
 			ch, queue := testQueue(t, amqpURL, rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)))
 
 			// The first delivery: claimed and charged, not yet committed.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledConsumersChargeEachOrderOnce publishes a few thousand orders
@@ -26,14 +25,11 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		kills     = 6
 	)
 	amqpURL := rabbitURL(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	// Not a bound on speed: the fleet fails as stuck only when its state stops
 	// changing (fleet.Stall); this only turns a hang into a failure.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
 	rng := fleet.Rand(t)
 
 	ch, queue := testQueue(t, amqpURL, rng)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A message whose key is claimed by a transaction still open elsewhere (its
@@ -31,12 +30,9 @@ func TestInFlightMessageIsRequeuedUntilTheFirstEnds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			endpoint := sqsEndpoint(t)
-			db := pgdeduptest.New(t)
+			db := fleet.ShopDB(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 			defer cancel()
-			if err := shop.Migrate(ctx, db.Pool); err != nil {
-				t.Fatal(err)
-			}
 			client := testClient(t, endpoint)
 			url, _ := testQueue(t, client, rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2)), 60, 1000)
 

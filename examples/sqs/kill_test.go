@@ -35,12 +35,9 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		maxReceives = 6
 	)
 	endpoint := sqsEndpoint(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
 	rng := fleet.Rand(t)
 
 	client := testClient(t, endpoint)

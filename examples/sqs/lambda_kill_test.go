@@ -11,8 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
-	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledLambdaRuntimesChargeEachOrderOnce runs the Lambda function the
@@ -33,12 +31,9 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 		maxReceives  = 6
 	)
 	endpoint := sqsEndpoint(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
 	rng := fleet.Rand(t)
 
 	client := testClient(t, endpoint)

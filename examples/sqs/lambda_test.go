@@ -23,12 +23,9 @@ import (
 // failed messages come back in BatchItemFailures; duplicates are
 // acknowledged; every order is charged once.
 func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
 	// A charge that fails in the database: the ledger refuses blocked customers.
 	if _, err := db.Pool.Exec(ctx, `ALTER TABLE charges ADD CONSTRAINT not_blocked CHECK (customer <> 'blocked')`); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,18 @@ import (
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
+// ShopDB returns a database of the test's own (see [pgdeduptest.New]) with
+// the shop's tables beside pgdedup's: what a consumer of the examples charges
+// into.
+func ShopDB(t *testing.T) *pgdeduptest.DB {
+	t.Helper()
+	db := pgdeduptest.New(t)
+	if err := shop.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
 // CountCharged is how many distinct orders charges holds.
 func CountCharged(t *testing.T, db *pgdeduptest.DB) int {
 	t.Helper()
