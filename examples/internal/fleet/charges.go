@@ -94,24 +94,17 @@ func CheckOneChargePerOrder(t *testing.T, db *pgdeduptest.DB, want map[string]sh
 	}
 }
 
-// HoldCharge claims id for the billing consumer and charges o as by, in a
-// transaction it leaves open: a first delivery still running on another
-// consumer. The test commits or rolls it back; it is rolled back when the
-// test ends otherwise.
+// HoldCharge claims id for the billing consumer ([pgdeduptest.HoldClaim]) and
+// charges o as by, in a transaction it leaves open: a first delivery still
+// running on another consumer. The test commits or rolls it back; it is
+// rolled back when the test ends otherwise.
 func HoldCharge(t *testing.T, ctx context.Context, db *pgdeduptest.DB, id string, o shop.Order, by string) pgx.Tx {
 	t.Helper()
 	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if claimed, err := store.Claim(ctx, tx, id); err != nil || !claimed {
-		t.Fatalf("Claim = %t, %v", claimed, err)
-	}
+	tx := pgdeduptest.HoldClaim(t, db.Pool, store, id)
 	if err := shop.Charge(ctx, tx, o, id, by); err != nil {
 		t.Fatal(err)
 	}
