@@ -158,6 +158,40 @@ func claimAsync(ctx context.Context, store *pgdedup.Store, s *session, id string
 	return done
 }
 
+// setupSwitching is setupPartitioned (nil on Citus) with partitions kept
+// ahead by keepPartitions and short waits for Cleanup: for tests that hold
+// claims open across partition switches.
+func setupSwitching(t *testing.T) *bundle {
+	t.Helper()
+	b := setupPartitioned(t, pgdedup.Config{})
+	if b == nil {
+		return nil
+	}
+	keepPartitions(t, b)
+	pgdedup.SetPartitionWaits(b.store, 10*time.Millisecond, time.Second)
+	return b
+}
+
+// openClaim begins a transaction on s, claims id in it and returns it open,
+// with the claim's processed_at.
+func openClaim(t *testing.T, ctx context.Context, b *bundle, s *session, id string) (pgx.Tx, time.Time) {
+	t.Helper()
+	tx, err := s.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimed, err := b.store.Claim(ctx, tx, id); err != nil || !claimed {
+		t.Fatalf("claim of %s: %v, %v", id, claimed, err)
+	}
+	// The claim's own row, the newest (hand-over copies carry the start of
+	// older partitions).
+	var at time.Time
+	if err := tx.QueryRow(ctx, `SELECT max(processed_at) FROM processed_messages WHERE message_id = $1`, id).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	return tx, at
+}
+
 // A claim still open when the next partition begins, and a claim of the same
 // ID after the switch: the second waits for the first on the older
 // partition's index (not sealed while the first is open), then skips it if
@@ -168,28 +202,13 @@ func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 	for _, commit := range []bool{true, false} {
 		t.Run(map[bool]string{true: "commit", false: "rollback"}[commit], func(t *testing.T) {
 			t.Parallel()
-			b := setupPartitioned(t, pgdedup.Config{})
+			b := setupSwitching(t)
 			if b == nil {
 				return // Citus: refused
 			}
-			keepPartitions(t, b)
 			ctx := ctxT(t)
-			pgdedup.SetPartitionWaits(b.store, 10*time.Millisecond, time.Second)
-
 			first, second := newSession(t, b), newSession(t, b)
-			txA, err := first.conn.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if claimed, err := b.store.Claim(ctx, txA, "x"); err != nil || !claimed {
-				t.Fatalf("first claim: %v, %v", claimed, err)
-			}
-			// The claim's own row, the newest (hand-over copies carry the
-			// start of older partitions).
-			var startA time.Time
-			if err := txA.QueryRow(ctx, `SELECT max(processed_at) FROM processed_messages WHERE message_id = 'x'`).Scan(&startA); err != nil {
-				t.Fatal(err)
-			}
+			txA, startA := openClaim(t, ctx, b, first, "x")
 			waitSwitch(t, b.pool)
 			if _, err := b.store.Cleanup(ctx); err != nil {
 				t.Fatal(err)
@@ -199,6 +218,7 @@ func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 			}
 			res := claimAsync(ctx, b.store, second, "x", pgx.TxOptions{})
 			second.waitLocked(t, b.pool)
+			var err error
 			if commit {
 				err = txA.Commit(ctx)
 			} else {
@@ -235,26 +255,13 @@ func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 // duplicate or a serialization failure, never as new.
 func TestPartitionedTxOpenAcrossSwitches(t *testing.T) {
 	t.Parallel()
-	b := setupPartitioned(t, pgdedup.Config{})
+	b := setupSwitching(t)
 	if b == nil {
 		return // Citus: refused
 	}
-	keepPartitions(t, b)
 	ctx := ctxT(t)
-	pgdedup.SetPartitionWaits(b.store, 10*time.Millisecond, time.Second)
-
 	long, waiter := newSession(t, b), newSession(t, b)
-	txL, err := long.conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if claimed, err := b.store.Claim(ctx, txL, "held"); err != nil || !claimed {
-		t.Fatalf("long claim: %v, %v", claimed, err)
-	}
-	var start time.Time
-	if err := txL.QueryRow(ctx, `SELECT max(processed_at) FROM processed_messages WHERE message_id = 'held'`).Scan(&start); err != nil {
-		t.Fatal(err)
-	}
+	txL, start := openClaim(t, ctx, b, long, "held")
 	for i := range 3 {
 		waitSwitch(t, b.pool)
 		if _, err := b.store.Cleanup(ctx); err != nil {

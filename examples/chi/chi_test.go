@@ -2,20 +2,20 @@ package main
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/pgdedup/pgdedup/examples/internal/apitest"
 	"github.com/pgdedup/pgdedup/idempotency"
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
-// Through chi's r.Use(mw.Wrap): reads and the docs page pass through without a
-// key, writes need one and are made idempotent per user.
-func TestChiRouterUse(t *testing.T) {
-	t.Parallel()
+// serve starts the API on a database of the test's own and returns the
+// database and the server's URL.
+func serve(t *testing.T) (*pgdeduptest.DB, string) {
+	t.Helper()
 	db := pgdeduptest.New(t)
 	router, err := newRouter(context.Background(), db.Pool, []byte("chi example test secret of 32+ bytes"))
 	if err != nil {
@@ -23,26 +23,18 @@ func TestChiRouterUse(t *testing.T) {
 	}
 	srv := httptest.NewServer(router)
 	t.Cleanup(srv.Close)
+	return db, srv.URL
+}
 
+// Through chi's r.Use(mw.Wrap): reads and the docs page pass through without a
+// key, writes need one and are made idempotent per user.
+func TestChiRouterUse(t *testing.T) {
+	t.Parallel()
+	db, url := serve(t)
 	do := func(method, path, key, token, body string) (int, http.Header, string) {
 		t.Helper()
-		req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header, string(b)
+		r := apitest.Do(t, method, url, path, token, key, body)
+		return r.Status, r.Header, r.Body
 	}
 
 	if code, h, body := do("GET", idempotency.DefaultDocsURL, "", "", ""); code != 200 || !strings.Contains(body, "Idempotency-Key") || h.Get("Content-Type") != "text/html; charset=utf-8" {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -49,9 +48,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	if err := migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	t.Logf("seed %d", seed)
+	rng := fleet.Rand(t)
 
 	producer, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestHandlerSlowerThanAckWait runs a consumer whose charges take longer than
@@ -19,12 +18,9 @@ import (
 func TestHandlerSlowerThanAckWait(t *testing.T) {
 	const orders = 20
 	url := natsURL(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
 	ts := newTestStream(t, url, rng, time.Minute)
 	msgs, _ := orderBatch{RunID: "slow", Orders: orders}.messages(rng, ts.subject)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledConsumersChargeEachOrderOnce publishes a few thousand orders to a
@@ -32,17 +30,12 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		ackWait   = 2 * time.Second
 	)
 	url := natsURL(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	// Not a bound on speed: the fleet fails as stuck only when its state stops
 	// changing (fleet.Stall); this only turns a hang into a failure.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	t.Logf("seed %d", seed)
+	rng := fleet.Rand(t)
 	ts := newTestStream(t, url, rng, dupWindow)
 
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}

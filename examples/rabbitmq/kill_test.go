@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledConsumersChargeEachOrderOnce publishes a few thousand orders
@@ -27,17 +25,12 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		kills     = 6
 	)
 	amqpURL := rabbitURL(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	// Not a bound on speed: the fleet fails as stuck only when its state stops
 	// changing (fleet.Stall); this only turns a hang into a failure.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	t.Logf("seed %d", seed)
+	rng := fleet.Rand(t)
 
 	ch, queue := testQueue(t, amqpURL, rng)
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutID: 0.05}

@@ -8,11 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // A message whose key is claimed by a transaction still open elsewhere (its
@@ -33,18 +30,15 @@ func TestInFlightMessageIsRequeuedUntilTheFirstEnds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			endpoint := sqsEndpoint(t)
-			db := pgdeduptest.New(t)
+			db := fleet.ShopDB(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 			defer cancel()
-			if err := shop.Migrate(ctx, db.Pool); err != nil {
-				t.Fatal(err)
-			}
 			client := testClient(t, endpoint)
 			url, _ := testQueue(t, client, rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2)), 60, 1000)
 
 			order := shop.Order{OrderID: "o1", Customer: "c", AmountCents: 990}
 			const key = "charge-o1"
-			first := holdClaim(t, ctx, db, key, order)
+			first := fleet.HoldCharge(t, ctx, db, key, order, "other")
 			body, _ := json.Marshal(order)
 			if err := send(ctx, client, url, defaultKeyAttribute, []outgoing{{Body: string(body), Key: key}}); err != nil {
 				t.Fatal(err)
@@ -59,7 +53,7 @@ func TestInFlightMessageIsRequeuedUntilTheFirstEnds(t *testing.T) {
 					Log: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug})),
 				})
 			}()
-			waitFor(t, ctx, out, "3 in-flight requeues", func(n fleet.Counts) bool { return n.InFlight >= 3 })
+			out.WaitFor(t, ctx, "3 in-flight requeues", func(n fleet.Counts) bool { return n.InFlight >= 3 })
 			if n := out.Counts(); n.Processed+n.Duplicates != 0 {
 				t.Fatalf("the message was settled while the first copy held its key: %+v", n)
 			}
@@ -73,36 +67,17 @@ func TestInFlightMessageIsRequeuedUntilTheFirstEnds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, ctx, out, "the message settled", func(n fleet.Counts) bool { return n.Processed+n.Duplicates > 0 })
+			out.WaitFor(t, ctx, "the message settled", func(n fleet.Counts) bool { return n.Processed+n.Duplicates > 0 })
 			stop()
 			if err := <-done; err != nil {
 				t.Fatalf("consume after SIGTERM-like cancel: %v", err)
 			}
 
-			rows, _ := db.Pool.Query(ctx, "SELECT charged_by FROM charges WHERE order_id = $1", order.OrderID)
-			chargers, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(chargers) != 1 || chargers[0] != tc.wantCharger {
-				t.Errorf("order charged by %q, want once by %q", chargers, tc.wantCharger)
-			}
+			fleet.CheckChargedBy(t, db, map[string][]string{order.OrderID: {tc.wantCharger}})
 			if visible, hidden, err := queueDepth(ctx, client, url); err != nil || visible+hidden != 0 {
 				t.Errorf("queue after the consumer stopped: %d visible, %d in flight, %v; want empty", visible, hidden, err)
 			}
 			t.Logf("in-flight requeues: %d", out.Counts().InFlight)
 		})
-	}
-}
-
-// waitFor polls out until cond holds, failing the test when ctx ends first.
-func waitFor(t *testing.T, ctx context.Context, out *fleet.Log, what string, cond func(fleet.Counts) bool) {
-	t.Helper()
-	for !cond(out.Counts()) {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v; consumer log:\n%s", what, ctx.Err(), out.LastLines())
-		case <-time.After(10 * time.Millisecond):
-		}
 	}
 }

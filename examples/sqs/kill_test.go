@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"testing"
 	"time"
 
@@ -36,35 +35,16 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		maxReceives = 6
 	)
 	endpoint := sqsEndpoint(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	t.Logf("seed %d", seed)
+	rng := fleet.Rand(t)
 
 	client := testClient(t, endpoint)
 	url, dlq := testQueue(t, client, rng, visibility, maxReceives)
 	batch := orderBatch{RunID: "t", Orders: orders, Duplicates: 0.1, WithoutKey: 0.05, KeyAttribute: defaultKeyAttribute}
-	msgs, dups := batch.messages(rng)
-	want := make(map[string]shop.Order, orders)
-	for _, m := range msgs {
-		o, err := shop.DecodeOrder([]byte(m.Body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		want[o.OrderID] = o
-	}
 	poison := []string{"not json", `{"order_id":"","amount_cents":5}`, `{"order_id":"x","amount_cents":-1}`}
-	for _, body := range poison {
-		msgs = slices.Insert(msgs, rng.IntN(len(msgs)), outgoing{Body: body})
-	}
-	if err := send(ctx, client, url, defaultKeyAttribute, msgs); err != nil {
-		t.Fatal(err)
-	}
+	want, sent, dups := sendOrders(t, ctx, client, url, rng, batch, poison)
 
 	start := time.Now()
 	args := []string{"-database-url", db.URL, "-endpoint", endpoint, "-queue-url", url,
@@ -90,17 +70,9 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		if charged < orders {
 			continue
 		}
-		visible, hidden, err := queueDepth(ctx, client, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dead, _, err := queueDepth(ctx, client, dlq)
-		if err != nil {
-			t.Fatal(err)
-		}
 		// Drained: all charged, every message deleted, and the poison ones
 		// moved to the dead-letter queue by the redrive policy.
-		if charged == orders && visible == 0 && hidden == 0 && dead >= len(poison) {
+		if charged == orders && drained(t, ctx, client, url, dlq, len(poison)) {
 			break
 		}
 	}
@@ -109,16 +81,11 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	elapsed := time.Since(start)
 
 	fleet.CheckCharges(t, db, want)
-	deadBodies := receiveAll(t, client, dlq)
-	sort.Strings(deadBodies)
-	sort.Strings(poison)
-	if !slices.Equal(deadBodies, poison) {
-		t.Errorf("dead-letter queue holds %q, want only the unparseable messages %q", deadBodies, poison)
-	}
+	checkDeadLetters(t, client, dlq, poison)
 	total := g.Counts()
 	rolledBack := fleet.CountRolledBack(t, db)
 	t.Logf("%d messages (%d orders, %d sent twice, %d unparseable) in %s; %d consumer processes, %d SIGKILLed",
-		len(msgs), orders, dups, len(poison), elapsed.Round(time.Millisecond), len(g.All), killed)
+		sent, orders, dups, len(poison), elapsed.Round(time.Millisecond), len(g.All), killed)
 	t.Logf("messages logged %d, redelivered %d (charged %d, skipped as already charged %d), in-flight requeues %d, rejected %d; charges rolled back by kills %d",
 		total.Deliveries, total.Redelivered, total.RedeliveredProcessed, total.RedeliveredDuplicates, total.InFlight, total.Rejected, rolledBack)
 
@@ -135,6 +102,58 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 		t.Errorf("no charge was rolled back: no kill landed inside a transaction")
 	case total.Rejected < len(poison):
 		t.Errorf("%d messages rejected, want at least the %d unparseable ones", total.Rejected, len(poison))
+	}
+}
+
+// sendOrders sends batch's messages to url, with the poison bodies
+// (unparseable orders, sent without a key) at random places among them. It
+// returns the orders sent by ID, how many messages went out, and how many
+// orders were sent twice.
+func sendOrders(t *testing.T, ctx context.Context, client *sqs.Client, url string, rng *rand.Rand, batch orderBatch, poison []string) (want map[string]shop.Order, sent, dups int) {
+	t.Helper()
+	msgs, dups := batch.messages(rng)
+	want = make(map[string]shop.Order, batch.Orders)
+	for _, m := range msgs {
+		o, err := shop.DecodeOrder([]byte(m.Body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[o.OrderID] = o
+	}
+	for _, body := range poison {
+		msgs = slices.Insert(msgs, rng.IntN(len(msgs)), outgoing{Body: body})
+	}
+	if err := send(ctx, client, url, batch.KeyAttribute, msgs); err != nil {
+		t.Fatal(err)
+	}
+	return want, len(msgs), dups
+}
+
+// drained reports whether every message of url has been deleted and at
+// least poison messages moved to the dead-letter queue dlq by the redrive
+// policy.
+func drained(t *testing.T, ctx context.Context, client *sqs.Client, url, dlq string, poison int) bool {
+	t.Helper()
+	visible, hidden, err := queueDepth(ctx, client, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, _, err := queueDepth(ctx, client, dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return visible == 0 && hidden == 0 && dead >= poison
+}
+
+// checkDeadLetters empties the dead-letter queue dlq and asserts that it
+// held the poison bodies and nothing else: no valid order was given up.
+func checkDeadLetters(t *testing.T, client *sqs.Client, dlq string, poison []string) {
+	t.Helper()
+	got := receiveAll(t, client, dlq)
+	slices.Sort(got)
+	want := slices.Sorted(slices.Values(poison))
+	if !slices.Equal(got, want) {
+		t.Errorf("dead-letter queue holds %q, want only the unparseable messages %q", got, want)
 	}
 }
 

@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"slices"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -14,8 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
-	"github.com/pgdedup/pgdedup/examples/internal/shop"
-	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
 // TestKilledLambdaRuntimesChargeEachOrderOnce runs the Lambda function the
@@ -36,15 +31,10 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 		maxReceives  = 6
 	)
 	endpoint := sqsEndpoint(t)
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	t.Logf("seed %d", seed)
+	rng := fleet.Rand(t)
 
 	client := testClient(t, endpoint)
 	url, dlq := testQueue(t, client, rng, visibility, maxReceives)
@@ -53,22 +43,8 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := orderBatch{RunID: "l", Orders: orders, Duplicates: 0.15, WithoutKey: 0.05, KeyAttribute: defaultKeyAttribute}
-	msgs, dups := batch.messages(rng)
-	want := make(map[string]shop.Order, orders)
-	for _, m := range msgs {
-		o, err := shop.DecodeOrder([]byte(m.Body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		want[o.OrderID] = o
-	}
 	poison := []string{"not json", `{"order_id":"y","amount_cents":0}`}
-	for _, body := range poison {
-		msgs = slices.Insert(msgs, rng.IntN(len(msgs)), outgoing{Body: body})
-	}
-	if err := send(ctx, client, url, defaultKeyAttribute, msgs); err != nil {
-		t.Fatal(err)
-	}
+	want, sent, dups := sendOrders(t, ctx, client, url, rng, batch, poison)
 
 	start := time.Now()
 	env := []string{"DATABASE_URL=" + db.URL, "LOCK_TIMEOUT=500ms", "HANDLER_DELAY=150ms"}
@@ -125,15 +101,7 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 		if charged < orders {
 			continue
 		}
-		visible, hidden, err := queueDepth(ctx, client, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dead, _, err := queueDepth(ctx, client, dlq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if visible == 0 && hidden == 0 && dead >= len(poison) {
+		if drained(t, ctx, client, url, dlq, len(poison)) {
 			break
 		}
 	}
@@ -141,12 +109,7 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 	elapsed := time.Since(start)
 
 	fleet.CheckCharges(t, db, want)
-	deadBodies := receiveAll(t, client, dlq)
-	sort.Strings(deadBodies)
-	sort.Strings(poison)
-	if !slices.Equal(deadBodies, poison) {
-		t.Errorf("dead-letter queue holds %q, want only the unparseable messages %q", deadBodies, poison)
-	}
+	checkDeadLetters(t, client, dlq, poison)
 	var total fleet.Counts
 	for _, p := range procs {
 		total.Add(p.log.Counts())
@@ -154,7 +117,7 @@ func TestKilledLambdaRuntimesChargeEachOrderOnce(t *testing.T) {
 	n := esm.counts
 	rolledBack := fleet.CountRolledBack(t, db)
 	t.Logf("%d messages (%d orders, %d sent twice, %d unparseable) in %s; %d function processes, %d SIGKILLed mid-invocation",
-		len(msgs), orders, dups, len(poison), elapsed.Round(time.Millisecond), len(procs), killed)
+		sent, orders, dups, len(poison), elapsed.Round(time.Millisecond), len(procs), killed)
 	t.Logf("invocations %d (failed by kills %d, with partial batch failures %d: %d items), messages deleted %d; messages logged %d, redelivered %d (charged %d, skipped as already charged %d), in flight %d, rejected %d; charges rolled back by kills %d",
 		n.Invocations, n.FailedInvocations, n.PartialBatches, n.ItemFailures, n.Deleted,
 		total.Deliveries, total.Redelivered, total.RedeliveredProcessed, total.RedeliveredDuplicates, total.InFlight, total.Rejected, rolledBack)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/examples/internal/fleet"
@@ -24,12 +23,9 @@ import (
 // failed messages come back in BatchItemFailures; duplicates are
 // acknowledged; every order is charged once.
 func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
-	db := pgdeduptest.New(t)
+	db := fleet.ShopDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := shop.Migrate(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
 	// A charge that fails in the database: the ledger refuses blocked customers.
 	if _, err := db.Pool.Exec(ctx, `ALTER TABLE charges ADD CONSTRAINT not_blocked CHECK (customer <> 'blocked')`); err != nil {
 		t.Fatal(err)
@@ -43,7 +39,7 @@ func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
 	if failures := invoke(t, ctx, h, event); len(failures) != 0 {
 		t.Fatalf("first batch: BatchItemFailures %v, want none", failures)
 	}
-	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}})
+	fleet.CheckChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}})
 
 	// SQS redelivers the whole batch (the invocation timed out after the
 	// commit, say): every message is a duplicate, acknowledged.
@@ -53,7 +49,7 @@ func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
 	if failures := invoke(t, ctx, h, event); len(failures) != 0 {
 		t.Fatalf("redelivered batch: BatchItemFailures %v, want none (duplicates are done)", failures)
 	}
-	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}})
+	fleet.CheckChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}})
 
 	// A partial failure: c is fine; d is not JSON; e is for a blocked
 	// customer (its charge fails); f is being charged by another invocation
@@ -63,7 +59,7 @@ func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
 	for i, o := range []string{"ord-c", "ord-d", "ord-e", "ord-f"} {
 		id[o] = partial.Records[i].MessageId
 	}
-	other := holdClaim(t, ctx, db, "charge-ord-f", shop.Order{OrderID: "ord-f", Customer: "cust-0006", AmountCents: 3100})
+	other := fleet.HoldCharge(t, ctx, db, "charge-ord-f", shop.Order{OrderID: "ord-f", Customer: "cust-0006", AmountCents: 3100}, "other")
 	failures := invoke(t, ctx, h, partial)
 	want := []string{id["ord-d"], id["ord-e"], id["ord-f"]}
 	slices.Sort(failures)
@@ -71,7 +67,7 @@ func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
 	if !slices.Equal(failures, want) {
 		t.Fatalf("partial batch: BatchItemFailures %v, want d, e and f %v\n%s", failures, want, out.LastLines())
 	}
-	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}, "ord-c": {"lambda"}})
+	fleet.CheckChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}, "ord-c": {"lambda"}})
 
 	// The other invocation commits; SQS redelivers the three failures. f is
 	// a duplicate now (acknowledged), d and e fail again (d goes to the
@@ -90,7 +86,7 @@ func TestLambdaHandlerOnRealEventPayloads(t *testing.T) {
 	if !slices.Equal(failures, want) {
 		t.Fatalf("redelivered failures: BatchItemFailures %v, want d and e %v", failures, want)
 	}
-	checkChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}, "ord-c": {"lambda"}, "ord-f": {"other"}})
+	fleet.CheckChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}, "ord-b": {"lambda"}, "ord-c": {"lambda"}, "ord-f": {"other"}})
 	n := out.Counts()
 	t.Logf("messages logged %d: processed %d, duplicates %d, in flight %d, failed %d, rejected %d",
 		n.Deliveries, n.Processed, n.Duplicates, n.InFlight, n.Failed, n.Rejected)
@@ -144,50 +140,4 @@ func invoke(t *testing.T, ctx context.Context, h *lambdaHandler, event events.SQ
 		ids = append(ids, f.ItemIdentifier)
 	}
 	return ids
-}
-
-// holdClaim claims key and charges o in a transaction it leaves open, as an
-// invocation still running elsewhere; the test commits or rolls it back.
-func holdClaim(t *testing.T, ctx context.Context, db *pgdeduptest.DB, key string, o shop.Order) pgx.Tx {
-	t.Helper()
-	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if claimed, err := store.Claim(ctx, tx, key); err != nil || !claimed {
-		t.Fatalf("Claim = %t, %v", claimed, err)
-	}
-	if err := shop.Charge(ctx, tx, o, key, "other"); err != nil {
-		t.Fatal(err)
-	}
-	return tx
-}
-
-// checkChargedBy asserts that charges holds exactly want: for each order, who
-// charged it, once per charge.
-func checkChargedBy(t *testing.T, db *pgdeduptest.DB, want map[string][]string) {
-	t.Helper()
-	rows, _ := db.Pool.Query(context.Background(), "SELECT order_id, charged_by FROM charges ORDER BY id")
-	got := map[string][]string{}
-	type row struct{ Order, By string }
-	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range all {
-		got[r.Order] = append(got[r.Order], r.By)
-	}
-	if len(got) != len(want) {
-		t.Fatalf("charges %v, want %v", got, want)
-	}
-	for o, by := range want {
-		if !slices.Equal(got[o], by) {
-			t.Fatalf("charges %v, want %v", got, want)
-		}
-	}
 }

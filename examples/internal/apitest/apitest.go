@@ -46,15 +46,22 @@ func (r Reply) Problem() string {
 // Idempotency-Key (none if "").
 func Post(t testing.TB, url, path, token, key, body string) Reply {
 	t.Helper()
-	r, err := send(url+path, token, key, body)
+	return Do(t, http.MethodPost, url, path, token, key, body)
+}
+
+// Do sends method url+path as the user of token with key as its
+// Idempotency-Key (none if "").
+func Do(t testing.TB, method, url, path, token, key, body string) Reply {
+	t.Helper()
+	r, err := send(method, url+path, token, key, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-func send(url, token, key, body string) (Reply, error) {
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+func send(method, url, token, key, body string) (Reply, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		return Reply{}, err
 	}
@@ -122,7 +129,7 @@ func ReplayAndConflict(t *testing.T, pool *pgxpool.Pool, url string) {
 	}
 	busy := make(chan result, 1)
 	go func() {
-		r, err := send(url+"/orders", "alice-token", "k-busy", `{"item":"lamp"}`)
+		r, err := send(http.MethodPost, url+"/orders", "alice-token", "k-busy", `{"item":"lamp"}`)
 		busy <- result{r, err}
 	}()
 	for { // until its INSERT waits for the lock: its key is claimed by then

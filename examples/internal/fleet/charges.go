@@ -3,11 +3,27 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/examples/internal/shop"
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
+
+// ShopDB returns a database of the test's own (see [pgdeduptest.New]) with
+// the shop's tables beside pgdedup's: what a consumer of the examples charges
+// into.
+func ShopDB(t *testing.T) *pgdeduptest.DB {
+	t.Helper()
+	db := pgdeduptest.New(t)
+	if err := shop.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
 
 // CountCharged is how many distinct orders charges holds.
 func CountCharged(t *testing.T, db *pgdeduptest.DB) int {
@@ -75,5 +91,46 @@ func CheckOneChargePerOrder(t *testing.T, db *pgdeduptest.DB, want map[string]sh
 	}
 	if len(bad) > 0 {
 		t.Errorf("%d problems in charges, first ones: %v", len(bad), bad[:min(len(bad), 10)])
+	}
+}
+
+// HoldCharge claims id for the billing consumer ([pgdeduptest.HoldClaim]) and
+// charges o as by, in a transaction it leaves open: a first delivery still
+// running on another consumer. The test commits or rolls it back; it is
+// rolled back when the test ends otherwise.
+func HoldCharge(t *testing.T, ctx context.Context, db *pgdeduptest.DB, id string, o shop.Order, by string) pgx.Tx {
+	t.Helper()
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx := pgdeduptest.HoldClaim(t, db.Pool, store, id)
+	if err := shop.Charge(ctx, tx, o, id, by); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// CheckChargedBy asserts that charges holds exactly want: for each order, who
+// charged it, once per charge.
+func CheckChargedBy(t *testing.T, db *pgdeduptest.DB, want map[string][]string) {
+	t.Helper()
+	rows, _ := db.Pool.Query(context.Background(), "SELECT order_id, charged_by FROM charges ORDER BY id")
+	got := map[string][]string{}
+	type row struct{ Order, By string }
+	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		got[r.Order] = append(got[r.Order], r.By)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("charges %v, want %v", got, want)
+	}
+	for o, by := range want {
+		if !slices.Equal(got[o], by) {
+			t.Fatalf("charges %v, want %v", got, want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ package fleet
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -241,4 +242,17 @@ func (l *Log) line(s string) {
 func (l *Log) Counts() (c Counts) {
 	l.Do(func() { c = l.n })
 	return c
+}
+
+// WaitFor polls l's counts until cond holds, failing the test with the
+// consumer's last lines when ctx ends first.
+func (l *Log) WaitFor(t *testing.T, ctx context.Context, what string, cond func(Counts) bool) {
+	t.Helper()
+	for !cond(l.Counts()) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v; consumer log:\n%s", what, ctx.Err(), l.LastLines())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }

@@ -94,3 +94,11 @@ func KillPoints(rng *rand.Rand, kills, orders int) []int {
 	}
 	return killAt
 }
+
+// Rand returns a random source for a kill test, seeded from the clock; the
+// seed is logged, to tell runs apart.
+func Rand(t *testing.T) *rand.Rand {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	return rand.New(rand.NewPCG(seed, seed>>1))
+}
