@@ -259,7 +259,7 @@ func New(db DB, cfg Config) (*Middleware, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	m := &Middleware{
-		db: db, store: store, cfg: cfg, log: log, sql: newStatements(store.Table()),
+		db: db, store: store, cfg: cfg, log: log, legacySQL: legacyLookup(store.Table()),
 		customFingerprint: customFingerprint,
 		safe:              map[string]bool{},
 		notKept:           map[int]bool{},
