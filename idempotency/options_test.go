@@ -211,7 +211,7 @@ func TestStoredBodyLimitIsTheMiddlewares(t *testing.T) {
 	srv := httptest.NewServer(authenticate(mux))
 	t.Cleanup(srv.Close)
 	before := charges(t, b.pool)
-	if r := post(t, srv.URL+"/charges", "k", order); !isProblem(r, 500) || !strings.Contains(logs.String(), pgdedup.ErrResultTooLarge.Error()) {
+	if r := post(t, srv.URL+"/charges", "k", order); !isProblem(r, 500) || !strings.Contains(logs.String(), pgdedup.ErrResultTooLarge.Error()) || !strings.Contains(logs.String(), "besides MaxStoredBody") {
 		t.Fatalf("headers over the allowance: %d\nlogs: %.2000s", r.status, logs.String())
 	}
 	if charges(t, b.pool) != before || pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'big'`) != 0 {

@@ -115,6 +115,10 @@ func (m *Middleware) process(r *http.Request, next http.Handler, id string, fp, 
 		}
 		return m.encode(id, fp, resp)
 	}, m.claimOptions(fp)...)
+	if errors.Is(err, pgdedup.ErrResultTooLarge) {
+		err = fmt.Errorf("idempotency: the response's status, ReplayHeaders and what StoredBody added to its body "+
+			"take more than the %d bytes a stored response may hold besides MaxStoredBody: %w", storedOverhead, err)
+	}
 	return rec, result, processed, err
 }
 
