@@ -18,32 +18,35 @@ type idClaim struct {
 	withResult bool // ProcessResult: read the stored result back
 
 	claimed bool
+	found   bool   // the SELECT after the claim found the ID's row
+	expired bool   // and it was past expires_at
 	stored  []byte // the fingerprint read after the claim
-	result  []byte // the result read after the claim (withResult)
+	result  []byte // the result read after the claim (withResult); NULL when expired
 }
 
 func (c *idClaim) statements(l *layouts) claimStatements {
-	c.claimed, c.stored, c.result = false, nil, nil
+	c.claimed, c.found, c.expired, c.stored, c.result = false, false, false, nil, nil
 	return claimStatements{settings: l.messages.settings(false), claim: l.messages.claimOne(c)}
 }
 
 // scanStored is the row callback of the SELECT after a claim with a
 // fingerprint or for a result.
 func (c *idClaim) scanStored(scan func(dest ...any) error) error {
+	c.found = true
 	if c.withResult {
-		return scan(&c.stored, &c.result)
+		return scan(&c.expired, &c.stored, &c.result)
 	}
-	return scan(&c.stored)
+	return scan(&c.expired, &c.stored)
 }
 
 // outcome: a duplicate whose recorded fingerprint differs from the given one
 // is a mismatch, not a duplicate. A row without a fingerprint has nothing to
-// compare.
+// compare, and an expired row is not compared: its ID may be reused.
 func (c *idClaim) outcome() (fresh, skipped int, err error) {
 	switch {
 	case c.claimed:
 		return 1, 0, nil
-	case c.opts.fingerprint != nil && c.stored != nil && !bytes.Equal(c.stored, c.opts.fingerprint):
+	case c.opts.fingerprint != nil && c.stored != nil && !c.expired && !bytes.Equal(c.stored, c.opts.fingerprint):
 		return 0, 0, &PayloadMismatchError{MessageID: c.id, Stored: c.stored, Given: c.opts.fingerprint}
 	}
 	return 0, 1, nil

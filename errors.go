@@ -53,9 +53,17 @@ var (
 
 	// ErrResultTooLarge is returned, wrapped with the sizes, when the fn of
 	// [Store.ProcessResult] returns a result longer than
-	// [Config.MaxResultBytes]. The transaction was rolled back: nothing fn
+	// [Config.MaxResultBytes] (or [WithMaxResultBytes]). The transaction was rolled back: nothing fn
 	// wrote, nor the ID, is recorded.
 	ErrResultTooLarge = errors.New("pgdedup: result too large to store")
+
+	// ErrResultExpired is returned by [Store.ProcessResult] for a duplicate
+	// whose row is past its expires_at but not yet deleted by Cleanup: fn is
+	// not called, and the stored result, past its Retention, is not returned
+	// (it never leaves the table). Nor is its fingerprint compared: an
+	// expired row is not a [ErrPayloadMismatch]. The ID counts as processed
+	// until Cleanup deletes its row.
+	ErrResultExpired = errors.New("pgdedup: the stored result has expired")
 
 	// ErrTooLate is returned, wrapped with the message's age, by a call with
 	// [WithSentAt] for a message older than the Retention in force minus

@@ -92,6 +92,27 @@ func ExampleStore_ProcessResult() {
 	// price 101 (processed: false)
 }
 
+// A caller with a limit of its own stores results up to it, beyond
+// Config.MaxResultBytes.
+func ExampleWithMaxResultBytes() {
+	ctx := context.Background()
+	pool, done := pgtest.ForExample()
+	defer done()
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "reports", MaxResultBytes: 1 << 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	report := func(context.Context, pgx.Tx) ([]byte, error) { return make([]byte, 100<<10), nil }
+	if _, _, err := store.ProcessResult(ctx, "report-1", report); errors.Is(err, pgdedup.ErrResultTooLarge) {
+		fmt.Println("over Config.MaxResultBytes")
+	}
+	answer, processed, err := store.ProcessResult(ctx, "report-1", report, pgdedup.WithMaxResultBytes(1<<20))
+	fmt.Println(len(answer), processed, err)
+	// Output:
+	// over Config.MaxResultBytes
+	// 102400 true <nil>
+}
+
 // A message older than the table remembers is refused before anything is
 // sent: dead-letter it, or process it without the guard.
 func ExampleWithSentAt() {

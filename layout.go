@@ -150,11 +150,13 @@ ON CONFLICT DO NOTHING
 RETURNING message_id`,
 		// Every column of the key in the WHERE clause: Citus routes the
 		// statement to one shard whichever column distributes the table.
-		lookup:            `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
-		forget:            `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
-		lockTimeoutMS:     int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
-		storedFingerprint: `SELECT fingerprint FROM ` + t + where,
-		storedResult:      `SELECT fingerprint, result FROM ` + t + where,
+		lookup:        `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
+		forget:        `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
+		lockTimeoutMS: int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
+		// An expired row's result never leaves the table, even when the
+		// cleaner is late.
+		storedFingerprint: `SELECT expires_at <= now(), fingerprint FROM ` + t + where,
+		storedResult:      `SELECT expires_at <= now(), fingerprint, CASE WHEN expires_at > now() THEN result END FROM ` + t + where,
 		storeResult:       `UPDATE ` + t + ` SET result = $4` + where,
 	}
 	m.claimWith[0] = m.claim

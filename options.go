@@ -7,15 +7,17 @@ import (
 
 // Option is a per-call option of [Store.Process], [Store.ProcessResult],
 // [Store.Claim] and [Store.ClaimSQL]: [WithFingerprint], [WithRetention],
-// [WithSentAt]. A call without options sends exactly the statements it sent
-// before options existed.
+// [WithSentAt], and for ProcessResult [WithMaxResultBytes]. A call without
+// options sends exactly the statements it sent before options existed.
 type Option func(*callOptions)
 
 // callOptions are a call's options, once applied.
 type callOptions struct {
-	fingerprint []byte        // nil: none
-	retention   time.Duration // 0: Config.Retention
-	sentAt      time.Time     // zero: no late-message guard
+	fingerprint  []byte        // nil: none
+	retention    time.Duration // 0: Config.Retention
+	sentAt       time.Time     // zero: no late-message guard
+	maxResult    int           // Config.MaxResultBytes unless maxResultSet
+	maxResultSet bool
 }
 
 // MaxFingerprintLen is the longest fingerprint [WithFingerprint] accepts, in
@@ -29,7 +31,9 @@ const MaxFingerprintLen = 1024
 // reported to [Config.OnEvent] as [EventPayloadMismatch]. The same ID with
 // the same payload is a plain duplicate. A duplicate of an ID recorded
 // without a fingerprint, or a delivery without the option, is never a
-// mismatch: there is nothing to compare. It needs migration 00006.
+// mismatch: there is nothing to compare; nor is a duplicate whose row has
+// expired (past expires_at, not yet cleaned up), whose ID may be reused. It
+// needs migration 00006.
 //
 // fingerprint must hold 1 to [MaxFingerprintLen] bytes.
 func WithFingerprint(fingerprint []byte) Option {
@@ -59,6 +63,15 @@ func WithSentAt(t time.Time) Option {
 	return func(o *callOptions) { o.sentAt = t }
 }
 
+// WithMaxResultBytes makes n the longest result this [Store.ProcessResult]
+// stores, instead of [Config.MaxResultBytes]: for a caller whose results are
+// bounded by a limit of its own, such as the HTTP middleware's
+// MaxStoredBody. A longer result fails the call with [ErrResultTooLarge],
+// naming n. n must be positive; other calls ignore the option.
+func WithMaxResultBytes(n int) Option {
+	return func(o *callOptions) { o.maxResult, o.maxResultSet = n, true }
+}
+
 // callOptions applies opts and checks them, and the late-message guard,
 // before anything is sent.
 func (s *Store) callOptions(opts []Option) (callOptions, error) {
@@ -73,6 +86,8 @@ func (s *Store) callOptions(opts []Option) (callOptions, error) {
 		return o, fmt.Errorf("%w: WithFingerprint: empty fingerprint", ErrInvalidOption)
 	case len(o.fingerprint) > MaxFingerprintLen:
 		return o, fmt.Errorf("%w: WithFingerprint: %d bytes, longer than %d", ErrInvalidOption, len(o.fingerprint), MaxFingerprintLen)
+	case o.maxResultSet && o.maxResult <= 0:
+		return o, fmt.Errorf("%w: WithMaxResultBytes(%d): must be positive", ErrInvalidOption, o.maxResult)
 	case o.retention != 0 && o.retention < MinRetention:
 		return o, fmt.Errorf("%w: WithRetention(%s): must be at least %s", ErrInvalidOption, o.retention, MinRetention)
 	case o.retention != 0 && o.retention <= s.cfg.LateMargin:

@@ -16,11 +16,13 @@ import (
 // For a new ID, fn runs and its result is stored before COMMIT; ProcessResult
 // returns it with processed true. For a duplicate, fn is not called and the
 // stored result is returned with processed false (nil if the ID was recorded
-// without a result, by Process or by a Claim). While the first delivery is in
-// flight, a duplicate waits for it, or returns [ErrInFlight] after
-// [Config.LockTimeout]. A result longer than [Config.MaxResultBytes] fails
-// the call with [ErrResultTooLarge] and rolls everything back. Errors,
-// panics, retries and opts are as in Process; it needs migration 00006.
+// without a result, by Process or by a Claim), or [ErrResultExpired] if the
+// ID's row is past its expires_at. While the first delivery is in flight, a
+// duplicate waits for it, or returns [ErrInFlight] after
+// [Config.LockTimeout]. A result longer than [Config.MaxResultBytes] (or
+// [WithMaxResultBytes]) fails the call with [ErrResultTooLarge] and rolls
+// everything back. Errors, panics, retries and opts are as in Process; it
+// needs migration 00006.
 //
 // A new ID costs one round trip more than Process (the result's UPDATE); a
 // duplicate costs the same.
@@ -33,13 +35,17 @@ func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx
 		return nil, false, errNilFunc
 	}
 	c.withResult = true
-	processed, err = s.process(ctx, c, func(ctx context.Context, tx pgx.Tx) error {
+	limit, limitName := s.cfg.MaxResultBytes, "Config.MaxResultBytes"
+	if c.opts.maxResultSet {
+		limit, limitName = c.opts.maxResult, "WithMaxResultBytes"
+	}
+	store := func(ctx context.Context, tx pgx.Tx) error {
 		res, err := fn(ctx, tx)
 		if err != nil {
 			return err
 		}
-		if len(res) > s.cfg.MaxResultBytes {
-			return fmt.Errorf("%w: %s: %d bytes, more than Config.MaxResultBytes (%d)", ErrResultTooLarge, c.subject(), len(res), s.cfg.MaxResultBytes)
+		if len(res) > limit {
+			return fmt.Errorf("%w: %s: %d bytes, more than %s (%d)", ErrResultTooLarge, c.subject(), len(res), limitName, limit)
 		}
 		if res != nil { // NULL already
 			if err := s.storeResult(ctx, tx, c, res); err != nil {
@@ -48,12 +54,23 @@ func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx
 		}
 		result = res
 		return nil
-	})
+	}
+	// A duplicate's row can be deleted (by Cleanup once expired, by Forget)
+	// between the claim and the read of its result: then the ID is claimed
+	// again, as the new ID it has become.
+	for range 3 {
+		processed, err = s.process(ctx, c, store)
+		if err != nil || processed || c.found {
+			break
+		}
+	}
 	switch {
 	case err != nil:
 		return nil, false, err
 	case processed:
 		return result, true, nil
+	case c.expired:
+		return nil, false, fmt.Errorf("%w: %s", ErrResultExpired, c.subject())
 	}
 	return c.result, false, nil
 }

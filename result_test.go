@@ -130,3 +130,79 @@ func TestProcessResultInFlight(t *testing.T) {
 		t.Errorf("%d charges, want none: only the first delivery ran, and it charged nothing", n)
 	}
 }
+
+// A duplicate of an expired row (past expires_at, not yet cleaned up) gets
+// ErrResultExpired, not the stored result, and its fingerprint is not
+// compared: an expired row is not a payload mismatch. Process with a
+// fingerprint skips it as a plain duplicate.
+func TestProcessResultExpired(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	a, z := pgdedup.WithFingerprint([]byte("payload a")), pgdedup.WithFingerprint([]byte("payload z"))
+	if _, _, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Process(ctx, "order-1", charge("order-1"), a); err != nil {
+		t.Fatal(err)
+	}
+	expire(t, b, "billing")
+	for _, opt := range []pgdedup.Option{a, z, nil} {
+		res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), opt)
+		if !errors.Is(err, pgdedup.ErrResultExpired) || processed || res != nil || !strings.Contains(err.Error(), `"req-1"`) {
+			t.Errorf("duplicate of an expired row: %q, %v, %v; want ErrResultExpired", res, processed, err)
+		}
+	}
+	if processed, err := b.store.Process(ctx, "order-1", charge("order-1"), z); err != nil || processed {
+		t.Errorf("Process, other payload, expired row: %v, %v; want a plain duplicate", processed, err)
+	}
+	if n := chargesPerOrder(t, b.pool)["req-1"]; n != 1 {
+		t.Errorf("req-1 charged %d times, want 1", n)
+	}
+	// Once Cleanup deleted the row, the ID is new again.
+	if _, err := b.store.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), z); err != nil || !processed || len(res) == 0 {
+		t.Errorf("after Cleanup: %q, %v, %v; want processed", res, processed, err)
+	}
+}
+
+// WithMaxResultBytes sets one call's limit above or below
+// Config.MaxResultBytes; a limit that is not positive is refused before
+// anything is sent.
+func TestWithMaxResultBytes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{MaxResultBytes: 10})
+	ctx := ctxT(t)
+	sized := func(n int) func(context.Context, pgx.Tx) ([]byte, error) {
+		return func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			_, err := reply("sized")(ctx, tx)
+			return []byte(strings.Repeat("x", n)), err
+		}
+	}
+	res, processed, err := b.store.ProcessResult(ctx, "big", sized(1000), pgdedup.WithMaxResultBytes(1000))
+	if err != nil || !processed || len(res) != 1000 {
+		t.Fatalf("1000 bytes within WithMaxResultBytes(1000): %d bytes, %v, %v", len(res), processed, err)
+	}
+	if res, _, err := b.store.ProcessResult(ctx, "big", sized(1000)); err != nil || len(res) != 1000 {
+		t.Errorf("duplicate: %d bytes, %v; want the stored 1000", len(res), err)
+	}
+	_, _, err = b.store.ProcessResult(ctx, "small", sized(6), pgdedup.WithMaxResultBytes(5))
+	if !errors.Is(err, pgdedup.ErrResultTooLarge) || !strings.Contains(err.Error(), "6 bytes, more than WithMaxResultBytes (5)") {
+		t.Errorf("6 bytes with WithMaxResultBytes(5): %v", err)
+	}
+	for _, n := range []int{0, -1} {
+		if _, _, err := b.store.ProcessResult(ctx, "bad", sized(1), pgdedup.WithMaxResultBytes(n)); !errors.Is(err, pgdedup.ErrInvalidOption) {
+			t.Errorf("WithMaxResultBytes(%d): %v, want ErrInvalidOption", n, err)
+		}
+	}
+	for _, id := range []string{"small", "bad"} {
+		if recorded(t, b.pool, "billing", id) {
+			t.Errorf("%s recorded", id)
+		}
+	}
+	if n := chargesPerOrder(t, b.pool)["sized"]; n != 1 {
+		t.Errorf("%d charges, want 1", n)
+	}
+}

@@ -68,12 +68,18 @@ func (s sealed) Open(rowKey string, _ int, stored []byte) ([]byte, error) {
 // to another key's row.
 func TestStoredBodyCodec(t *testing.T) {
 	t.Parallel()
-	storedBody := func(t *testing.T, b *bundle) []byte {
-		var body []byte
-		if err := b.pool.QueryRow(context.Background(), `SELECT response_body FROM processed_messages`).Scan(&body); err != nil {
+	// storedBody is the body in the stored response, and whether it was
+	// omitted.
+	storedBody := func(t *testing.T, b *bundle) ([]byte, bool) {
+		var result []byte
+		if err := b.pool.QueryRow(context.Background(), `SELECT result FROM processed_messages`).Scan(&result); err != nil {
 			t.Fatal(err)
 		}
-		return body
+		_, _, body, omitted, err := idempotency.DecodeStored(result)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return body, omitted
 	}
 
 	t.Run("omit", func(t *testing.T) {
@@ -82,8 +88,11 @@ func TestStoredBodyCodec(t *testing.T) {
 		first := post(t, b.url, "k", order)
 		again := post(t, b.url, "k", order)
 		if first.body == "" || again.body != "" || !again.replayed() || again.header.Get(idempotency.BodyOmittedHeader) != "true" ||
-			again.header.Get("Location") != first.header.Get("Location") || storedBody(t, b) != nil {
+			again.header.Get("Location") != first.header.Get("Location") {
 			t.Fatalf("first %v\nagain %v", first, again)
+		}
+		if body, omitted := storedBody(t, b); len(body) != 0 || !omitted {
+			t.Fatalf("stored body %q, omitted %v", body, omitted)
 		}
 	})
 	t.Run("redact", func(t *testing.T) {
@@ -91,8 +100,9 @@ func TestStoredBodyCodec(t *testing.T) {
 		b := setup(t, idempotency.Config{StoredBody: redactAt{}}, nil)
 		first := post(t, b.url, "k", order)
 		again := post(t, b.url, "k", order)
+		body, _ := storedBody(t, b)
 		if !strings.Contains(again.body, `"at":"redacted"`) || strings.Contains(first.body, "redacted") || !again.replayed() ||
-			!strings.Contains(string(storedBody(t, b)), `"at":"redacted"`) {
+			!strings.Contains(string(body), `"at":"redacted"`) {
 			t.Fatalf("first %v\nagain %v", first, again)
 		}
 	})
@@ -103,16 +113,20 @@ func TestStoredBodyCodec(t *testing.T) {
 		if again := post(t, b.url, "k", order); again.body != first.body || !again.replayed() {
 			t.Fatalf("first %v\nagain %v", first, again)
 		}
-		if bytes.Contains(storedBody(t, b), []byte("o-1")) {
-			t.Fatal("the stored body holds plaintext")
+		if body, _ := storedBody(t, b); len(body) == 0 || bytes.Contains(body, []byte("o-1")) {
+			t.Fatalf("the stored body holds plaintext, or nothing: %q", body)
+		}
+		var row []byte
+		if err := b.pool.QueryRow(context.Background(), `SELECT result FROM processed_messages`).Scan(&row); err != nil || bytes.Contains(row, []byte("o-1")) {
+			t.Fatalf("the stored response holds plaintext: %q, %v", row, err)
 		}
 		// Ciphertext moved to another key's row does not open there.
 		post(t, b.url, "k2", order)
 		var moved []byte
-		if err := b.pool.QueryRow(context.Background(), `SELECT response_body FROM processed_messages WHERE message_id LIKE '% k'`).Scan(&moved); err != nil {
+		if err := b.pool.QueryRow(context.Background(), `SELECT result FROM processed_messages WHERE message_id LIKE '% k'`).Scan(&moved); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.pool.Exec(context.Background(), `UPDATE processed_messages SET response_body = $1 WHERE message_id LIKE '% k2'`, moved); err != nil {
+		if _, err := b.pool.Exec(context.Background(), `UPDATE processed_messages SET result = $1 WHERE message_id LIKE '% k2'`, moved); err != nil {
 			t.Fatal(err)
 		}
 		if r := post(t, b.url, "k2", order); !isProblem(r, 500) || r.replayed() || b.api.calls.Load() != 2 {

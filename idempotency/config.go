@@ -135,7 +135,10 @@ type Config struct {
 	// MaxStoredBody is the largest response body stored for replay, in bytes.
 	// A larger response is still sent and its effects committed, but only its
 	// status and headers are stored: a retry gets them with an empty body and
-	// BodyOmittedHeader. Defaults to 1 MiB.
+	// BodyOmittedHeader. Defaults to 1 MiB. It is the middleware's own limit,
+	// whatever Store.MaxResultBytes says: a stored response may hold 64 KiB
+	// more, for the status, ReplayHeaders and what StoredBody adds to the
+	// body; a response beyond that fails with 500, its writes rolled back.
 	MaxStoredBody int
 
 	// DocsURL is the page documenting this API's idempotency keys: their
@@ -259,7 +262,7 @@ func New(db DB, cfg Config) (*Middleware, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	m := &Middleware{
-		db: db, store: store, cfg: cfg, log: log, sql: newStatements(store.Table()),
+		db: db, store: store, cfg: cfg, log: log, legacySQL: legacyLookup(store.Table()),
 		customFingerprint: customFingerprint,
 		safe:              map[string]bool{},
 		notKept:           map[int]bool{},

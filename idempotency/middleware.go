@@ -29,9 +29,11 @@
 // and every error about the key's use links to the page [Middleware.Docs]
 // serves ([Config.DocsURL]).
 //
-// Keys live in processed_messages (migration 00002 adds the response columns:
-// run pgdedup.Migrate), expire after the Store's Retention and are deleted by
-// the same pgdedup Cleanup as message IDs.
+// The middleware is one user of pgdedup's stored results
+// (pgdedup.Store.ProcessResult): a response is the key's result and the
+// request's fingerprint its pgdedup.WithFingerprint, in processed_messages
+// (migration 00006: run pgdedup.Migrate). Keys expire after the Store's
+// Retention and are deleted by the same pgdedup Cleanup as message IDs.
 package idempotency
 
 import (
@@ -68,7 +70,8 @@ type Middleware struct {
 	store *pgdedup.Store
 	cfg   Config
 	log   *slog.Logger
-	sql   statements
+	// legacySQL reads answers stored by earlier versions (store.go).
+	legacySQL string
 
 	// customFingerprint is whether Config.Fingerprint was set, for Docs.
 	customFingerprint bool

@@ -181,6 +181,11 @@ func TestExpiredKeyIsProcessedAgain(t *testing.T) {
 	if !isProblem(r, 422) || r.replayed() || strings.Contains(r.body, `"order":"o-1"`) || !strings.Contains(r.body, "#key-expired") {
 		t.Fatalf("expired, not yet cleaned: %v", r)
 	}
+	// Expiry is checked first: an expired key with another request is
+	// expired, not reused.
+	if r := post(t, b.url, "k", `{"order":"o-2","amount":1}`); !isProblem(r, 422) || !strings.Contains(r.body, "#key-expired") {
+		t.Fatalf("expired, another request: %v", r)
+	}
 	if deleted, err := b.mw.Store().Cleanup(ctx); err != nil || deleted != 1 {
 		t.Fatalf("Cleanup: deleted %d, %v", deleted, err)
 	}

@@ -1,13 +1,16 @@
 package idempotency_test
 
 import (
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/idempotency"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
 func TestOptionalKeyStillRunsInATransaction(t *testing.T) {
@@ -173,4 +176,53 @@ func TestWaiterRunsHandlerWhenTheFirstFails(t *testing.T) {
 	if api.calls.Load() != 2 || charges(t, b.pool) != 1 {
 		t.Fatalf("%d calls, %d charges; want 2, 1", api.calls.Load(), charges(t, b.pool))
 	}
+}
+
+// The middleware stores bodies up to its own MaxStoredBody, beyond the
+// Store's MaxResultBytes; a larger body leaves only the status and headers
+// in the table. A response whose kept headers exceed what a stored response
+// may hold besides its body fails with 500, its writes rolled back, and the
+// log names pgdedup.ErrResultTooLarge.
+func TestStoredBodyLimitIsTheMiddlewares(t *testing.T) {
+	t.Parallel()
+	const limit = 3 * pgdedup.DefaultMaxResultBytes
+	var logs syncBuffer
+	b := setup(t, idempotency.Config{MaxStoredBody: limit, ReplayHeaders: []string{"Location", "X-Big"},
+		Store: pgdedup.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}}, newAPI(limit))
+	first := post(t, b.url, "at-limit", order)
+	if r := post(t, b.url, "at-limit", order); len(r.body) != limit || r.body != first.body || !r.replayed() {
+		t.Fatalf("a body of MaxStoredBody (%d bytes), replayed: %d bytes, %v", limit, len(r.body), r.status)
+	}
+	b.api.bodySize.Store(limit + 1)
+	post(t, b.url, "over", order)
+	if r := post(t, b.url, "over", order); r.body != "" || r.header.Get(idempotency.BodyOmittedHeader) != "true" {
+		t.Fatalf("a body over MaxStoredBody, replayed: %v", r)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE octet_length(result) < 1000`); n != 1 {
+		t.Fatalf("%d stored responses without a body, want 1", n)
+	}
+
+	big := setupOn(t, b.db, b.pool, idempotency.Config{MaxStoredBody: 100, ReplayHeaders: []string{"X-Big"}, Store: pgdedup.Config{Consumer: "big",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}}, nil)
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", big.mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		big.api.ServeHTTP(&bigHeader{w}, r)
+	})))
+	srv := httptest.NewServer(authenticate(mux))
+	t.Cleanup(srv.Close)
+	before := charges(t, b.pool)
+	if r := post(t, srv.URL+"/charges", "k", order); !isProblem(r, 500) || !strings.Contains(logs.String(), pgdedup.ErrResultTooLarge.Error()) || !strings.Contains(logs.String(), "besides MaxStoredBody") {
+		t.Fatalf("headers over the allowance: %d\nlogs: %.2000s", r.status, logs.String())
+	}
+	if charges(t, b.pool) != before || pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'big'`) != 0 {
+		t.Fatal("a response too large to store left its writes or its key")
+	}
+}
+
+// bigHeader adds a header larger than a stored response's allowance.
+type bigHeader struct{ http.ResponseWriter }
+
+func (w *bigHeader) WriteHeader(status int) {
+	w.Header().Set("X-Big", strings.Repeat("h", idempotency.StoredOverhead+100))
+	w.ResponseWriter.WriteHeader(status)
 }

@@ -45,6 +45,10 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, id string, f
 		m.failed(w)
 	case errors.Is(err, pgdedup.ErrInFlight):
 		m.inFlight(w)
+	case errors.Is(err, pgdedup.ErrResultExpired):
+		m.keyExpired(w)
+	case errors.Is(err, pgdedup.ErrPayloadMismatch):
+		m.keyReused(w)
 	case err != nil:
 		m.fail(w, r, err)
 	case processed:
@@ -63,6 +67,8 @@ func (m *Middleware) answerClientError(w http.ResponseWriter, r *http.Request, i
 	if m.keeps(resp.status) {
 		ok, err := m.keepAnswer(r.Context(), id, fp, resp)
 		switch {
+		case errors.Is(err, pgdedup.ErrPayloadMismatch), errors.Is(err, pgdedup.ErrResultExpired):
+			// Another request holds the key: nothing to keep.
 		case err != nil:
 			m.log.WarnContext(r.Context(), "idempotency: a 4xx answer was sent without being kept", "consumer", m.store.Consumer(), "error", err)
 		case ok:
@@ -90,24 +96,30 @@ func (m *Middleware) commits(status int) bool {
 }
 
 // process claims id and, when it is new, runs next and stores its response, all
-// in one transaction. pgdedup.Store.Process retries transient failures, so next
-// may run more than once, each time in a fresh transaction.
-func (m *Middleware) process(r *http.Request, next http.Handler, id string, fp, body []byte) (rec *recorder, processed bool, err error) {
-	processed, err = m.store.Process(r.Context(), id, func(ctx context.Context, tx pgx.Tx) error {
+// in one transaction. pgdedup.Store.ProcessResult retries transient failures,
+// so next may run more than once, each time in a fresh transaction. For a
+// duplicate, result is the stored answer (nil if there is none in the result
+// column).
+func (m *Middleware) process(r *http.Request, next http.Handler, id string, fp, body []byte) (rec *recorder, result []byte, processed bool, err error) {
+	result, processed, err = m.store.ProcessResult(r.Context(), id, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		rec = newRecorder()
 		if err := m.run(rec, r, next, tx, body); err != nil {
-			return err
+			return nil, err
 		}
 		resp := rec.response()
 		switch {
 		case resp.status >= 500:
-			return errHandlerFailed
+			return nil, errHandlerFailed
 		case !m.commits(resp.status):
-			return errNotCommitted
+			return nil, errNotCommitted
 		}
-		return m.save(ctx, tx, id, fp, resp)
-	})
-	return rec, processed, err
+		return m.encode(id, fp, resp)
+	}, m.claimOptions(fp)...)
+	if errors.Is(err, pgdedup.ErrResultTooLarge) {
+		err = fmt.Errorf("idempotency: the response's status, ReplayHeaders and what StoredBody added to its body "+
+			"take more than the %d bytes a stored response may hold besides MaxStoredBody: %w", storedOverhead, err)
+	}
+	return rec, result, processed, err
 }
 
 // run runs next in tx and reports how the handler left the transaction: an

@@ -161,14 +161,15 @@ func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 	fp := m.fingerprint(r, body)
 
-	// A key found as a duplicate can expire and be cleaned before it is looked
-	// up; then it is claimed again, as a new key.
+	// A key found as a duplicate can expire and be cleaned before its answer
+	// is read from the columns of an earlier version; then it is claimed
+	// again, as a new key.
 	for range 3 {
-		rec, processed, err := m.process(r, next, id, fp, body)
+		rec, result, processed, err := m.process(r, next, id, fp, body)
 		if done, kept := m.answer(w, r, id, fp, rec, processed, err); done {
 			return kept
 		}
-		stored, found, err := m.load(r.Context(), id)
+		stored, found, err := m.replayed(r.Context(), id, fp, result)
 		switch {
 		case err != nil:
 			m.fail(w, r, err)
@@ -176,7 +177,7 @@ func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Hand
 		case !found:
 			continue
 		case stored.expired:
-			m.problem(w, http.StatusUnprocessableEntity, keyExpired, fmt.Sprintf("This %s was first used more than %s ago and has expired: its answer is no longer kept. Use a new key for a new request.", m.cfg.Header, formatDuration(m.store.Retention())))
+			m.keyExpired(w)
 			return nil
 		case stored.status == 0:
 			m.keyReused(w) // a message ID of another use of this Consumer name
@@ -190,6 +191,11 @@ func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 	m.fail(w, r, errors.New("idempotency: key kept expiring between claim and lookup"))
 	return nil
+}
+
+// keyExpired answers a request whose key's row has expired.
+func (m *Middleware) keyExpired(w http.ResponseWriter) {
+	m.problem(w, http.StatusUnprocessableEntity, keyExpired, fmt.Sprintf("This %s was first used more than %s ago and has expired: its answer is no longer kept. Use a new key for a new request.", m.cfg.Header, formatDuration(m.store.Retention())))
 }
 
 // readBody reads the request's body for fingerprinting, or answers the
