@@ -212,28 +212,34 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 }
 
 // victim returns the index in live of a consumer, other than the ones in
-// spare, that has a transaction open, watching for up to half a second; or
-// else the one that logged a batch last.
+// spare, whose transaction has written charges (it holds a lock on the
+// table: a kill then rolls charges back), watching for up to half a second;
+// else one with a transaction open, watching as long; or else the one that
+// logged a batch last.
 func victim(t *testing.T, db *pgdeduptest.DB, live []*proc, spare ...*proc) int {
 	t.Helper()
 	candidate := func(p *proc) bool { return !slices.Contains(spare, p) }
-	for range 100 {
-		var names []string
-		rows, err := db.Pool.Query(context.Background(), `SELECT application_name FROM pg_stat_activity
-WHERE application_name LIKE $1 AND xact_start IS NOT NULL AND state IN ('active', 'idle in transaction')`, db.Schema+"-%")
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, p := range live {
-			if candidate(p) && slices.Contains(names, db.Schema+"-"+p.Name) {
-				return i
+	for _, query := range []string{`SELECT a.application_name FROM pg_stat_activity a
+JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'relation' AND l.relation = 'charges'::regclass
+WHERE a.application_name LIKE $1 AND a.xact_start IS NOT NULL`,
+		`SELECT application_name FROM pg_stat_activity
+WHERE application_name LIKE $1 AND xact_start IS NOT NULL AND state IN ('active', 'idle in transaction')`} {
+		for range 100 {
+			rows, err := db.Pool.Query(context.Background(), query, db.Schema+"-%")
+			if err != nil {
+				t.Fatal(err)
 			}
+			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range live {
+				if candidate(p) && slices.Contains(names, db.Schema+"-"+p.Name) {
+					return i
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	i := -1
 	for j, p := range live {
