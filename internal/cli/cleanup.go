@@ -11,7 +11,7 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [--json] [--turn-wait D] [flags]
+const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [--json] [--turn-wait D] [--retention D] [flags]
 
 Deletes the message IDs whose retention has passed (expires_at before now),
 of every consumer in the table, in transactions of at most N rows each, and
@@ -19,8 +19,10 @@ prints how many rows it deleted and how long it took. Rows that have not
 expired are never touched. Exits non-zero on failure; the batches committed
 before a failure stay deleted, so the next run picks up where it stopped.
 On a partitioned table (docs/partitioning.md) it creates the partitions
-ahead, seals and drops the expired ones, and prints each partition it
-created and dropped with its span; the rows are PostgreSQL's estimate.
+ahead, seals and drops the partitions that ended --retention ago (give the
+consumers' Retention) and whose rows have all expired, and prints each
+partition it created and dropped with its span; the rows are PostgreSQL's
+estimate.
 
 Safe to run from several places at once (cleaners take turns) and while
 consumers are processing. For cron, or a Kubernetes CronJob. When another
@@ -57,6 +59,8 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	verbose := fs.Bool("verbose", false, "log each batch (rows and time) to stderr")
 	asJSON := fs.Bool("json", false, "print one JSON object (times in RFC 3339)")
 	turnWait := fs.Duration("turn-wait", 30*time.Second, "wait up to `D` for another cleaner's turn to end, then fail")
+	retention := fs.Duration("retention", pgdedup.DefaultRetention,
+		"partitioned table: drop a partition only once it ended `D` ago (give the consumers' Config.Retention)")
 	_, code, ok := c.parseArgs(fs, args, 0, "")
 	switch {
 	case !ok:
@@ -67,6 +71,8 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return c.usageError("--timeout must not be negative, got %s", *timeout)
 	case *turnWait < 0:
 		return c.usageError("--turn-wait must not be negative, got %s", *turnWait)
+	case *retention < pgdedup.MinRetention:
+		return c.usageError("--retention must be at least %s, got %s", pgdedup.MinRetention, *retention)
 	}
 	var logger *slog.Logger
 	if *verbose {
@@ -80,6 +86,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	var run pgdedup.Event // the run's EventCleanup: the partitions it created and dropped
 	store, conn, code := c.openStore(ctx, pgdedup.Config{
 		CleanupBatchSize: *batch,
+		Retention:        *retention,
 		CleanupTurnWait:  max(*turnWait, time.Nanosecond), // 0: one try, and fail without the turn
 		Logger:           logger,
 		OnEvent: func(_ context.Context, e pgdedup.Event) {

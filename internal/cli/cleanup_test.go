@@ -240,3 +240,41 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 DESC LIMIT 1`).Sca
 		t.Errorf("cleanup: %s\nwant %s dropped and %s created last", r, span(old), span(newest))
 	}
 }
+
+// cleanup --retention: on a partitioned table, a partition is dropped only
+// once it ended that long ago (the consumers' Retention); the default, 48 h,
+// keeps a partition that ended 2 hours ago, and --retention 1h drops it. A
+// --retention below the minimum is refused before connecting.
+func TestCleanupCommandRetention(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Setup(context.Background()); pgtest.CitusColumn() != "" {
+		if err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
+			t.Fatalf("Setup of a distributed table: %v, want a refusal", err)
+		}
+		return
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	// A sealed partition that ended two hours ago, before those Setup made
+	// for the past Retention.
+	pgtest.Exec(t, db.Pool, `CREATE TABLE processed_messages_old (LIKE processed_messages INCLUDING DEFAULTS)`)
+	pgtest.Exec(t, db.Pool, `DO $$ BEGIN EXECUTE format('ALTER TABLE processed_messages ATTACH PARTITION processed_messages_old FOR VALUES FROM (%L) TO (%L)',
+  date_bin('1 hour', now(), '2000-01-01Z') - interval '4 hours', date_bin('1 hour', now(), '2000-01-01Z') - interval '2 hours'); END $$`)
+	old := func() int {
+		return pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_class WHERE relname = 'processed_messages_old'`)
+	}
+	if r := run(t, "cleanup", "--database-url", db.URL); r.code != 0 || old() != 1 || strings.Contains(r.stdout, "dropped processed_messages_old") {
+		t.Fatalf("cleanup with the default --retention (48h): %s; the partition that ended 2 hours ago is left: %v, want it left", r, old() == 1)
+	}
+	if r := run(t, "cleanup", "--retention", "1h", "--database-url", db.URL); r.code != 0 || old() != 0 || !strings.Contains(r.stdout, "\ndropped processed_messages_old: ") {
+		t.Fatalf("cleanup --retention 1h: %s; the partition that ended 2 hours ago is gone: %v, want it dropped", r, old() == 0)
+	}
+	if r := run(t, "cleanup", "--retention", "500ms", "--database-url", "postgres://nobody@127.0.0.1:1/none"); r.code != 2 || !strings.Contains(r.stderr, "--retention must be at least 1s") {
+		t.Errorf("cleanup --retention 500ms: %s, want a usage error (exit 2) before connecting", r)
+	}
+}
