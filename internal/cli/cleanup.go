@@ -102,9 +102,16 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 
 	if *dryRun {
 		var expired int64
-		err := conn.QueryRow(ctx, `SELECT count(*) FROM `+store.Table()+` WHERE expires_at < now()`).Scan(&expired)
+		var partitioned bool
+		err := conn.QueryRow(ctx, `SELECT count(*), (SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = $1::regclass)
+FROM `+store.Table()+` WHERE expires_at < now()`, store.Table()).Scan(&expired, &partitioned)
 		if err != nil {
 			return c.fail(fmt.Errorf("count expired rows: %w", err))
+		}
+		if partitioned {
+			fmt.Fprintf(stdout, "dry run: %d expired rows in %s, a partitioned table: cleanup deletes no row, it drops each partition "+
+				"whose rows have all expired once it ended --retention (%s) ago; nothing was changed\n", expired, c.table, *retention)
+			return exitOK
 		}
 		batches, plural := (expired+int64(*batch)-1)/int64(*batch), "es"
 		if batches == 1 {

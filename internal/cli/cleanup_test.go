@@ -243,8 +243,9 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 DESC LIMIT 1`).Sca
 
 // cleanup --retention: on a partitioned table, a partition is dropped only
 // once it ended that long ago (the consumers' Retention); the default, 48 h,
-// keeps a partition that ended 2 hours ago, and --retention 1h drops it. A
-// --retention below the minimum is refused before connecting.
+// keeps a partition that ended 2 hours ago, and --retention 1h drops it (a
+// dry run says so and drops nothing). A --retention below the minimum is
+// refused before connecting.
 func TestCleanupCommandRetention(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -266,10 +267,14 @@ func TestCleanupCommandRetention(t *testing.T) {
 	pgtest.Exec(t, db.Pool, `DO $$ BEGIN EXECUTE format('ALTER TABLE processed_messages ATTACH PARTITION processed_messages_old FOR VALUES FROM (%L) TO (%L)',
   date_bin('1 hour', now(), '2000-01-01Z') - interval '4 hours', date_bin('1 hour', now(), '2000-01-01Z') - interval '2 hours'); END $$`)
 	old := func() int {
-		return pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_class WHERE relname = 'processed_messages_old'`)
+		return pgtest.Count(t, db.Pool, `SELECT count(to_regclass('processed_messages_old'))`)
 	}
 	if r := run(t, "cleanup", "--database-url", db.URL); r.code != 0 || old() != 1 || strings.Contains(r.stdout, "dropped processed_messages_old") {
 		t.Fatalf("cleanup with the default --retention (48h): %s; the partition that ended 2 hours ago is left: %v, want it left", r, old() == 1)
+	}
+	if r := run(t, "cleanup", "--dry-run", "--retention", "1h", "--database-url", db.URL); r.code != 0 || old() != 1 ||
+		!strings.Contains(r.stdout, "a partitioned table: cleanup deletes no row") || !strings.Contains(r.stdout, "ended --retention (1h0m0s) ago; nothing was changed") {
+		t.Fatalf("cleanup --dry-run on a partitioned table: %s; partition left: %v, want it left and the dry run to say what cleanup would do", r, old() == 1)
 	}
 	if r := run(t, "cleanup", "--retention", "1h", "--database-url", db.URL); r.code != 0 || old() != 0 || !strings.Contains(r.stdout, "\ndropped processed_messages_old: ") {
 		t.Fatalf("cleanup --retention 1h: %s; the partition that ended 2 hours ago is gone: %v, want it dropped", r, old() == 0)
