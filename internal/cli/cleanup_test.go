@@ -181,17 +181,9 @@ func TestCleanupCommandPartitioned(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Setup(ctx); pgtest.CitusColumn() != "" {
-		if err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
-			t.Fatalf("Setup of a distributed table: %v, want a refusal", err)
-		}
-		return
-	} else if err != nil {
-		t.Fatal(err)
+	store := partitionedStore(t, db)
+	if store == nil {
+		return // Citus: refused
 	}
 	old := pgdedup.PartitionSpan{Name: "processed_messages_old",
 		From: time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC), To: time.Date(2020, 1, 2, 0, 0, 0, 0, time.UTC)}
@@ -249,17 +241,9 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 DESC LIMIT 1`).Sca
 func TestCleanupCommandRetention(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Setup(context.Background()); pgtest.CitusColumn() != "" {
-		if err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
-			t.Fatalf("Setup of a distributed table: %v, want a refusal", err)
-		}
-		return
-	} else if err != nil {
-		t.Fatal(err)
+	store := partitionedStore(t, db)
+	if store == nil {
+		return // Citus: refused
 	}
 	// A sealed partition that ended two hours ago, before those Setup made
 	// for the past Retention.
@@ -282,4 +266,26 @@ func TestCleanupCommandRetention(t *testing.T) {
 	if r := run(t, "cleanup", "--retention", "500ms", "--database-url", "postgres://nobody@127.0.0.1:1/none"); r.code != 2 || !strings.Contains(r.stderr, "--retention must be at least 1s") {
 		t.Errorf("cleanup --retention 500ms: %s, want a usage error (exit 2) before connecting", r)
 	}
+}
+
+// partitionedStore returns a Store of consumer billing whose table Setup
+// made Partitioned (Retention 1 h, 12 partitions). In the Citus pass it
+// checks that Setup refuses the distributed table and returns nil.
+func partitionedStore(t *testing.T, db *pgtest.DB) *pgdedup.Store {
+	t.Helper()
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = store.Setup(context.Background())
+	switch {
+	case pgtest.CitusColumn() != "":
+		if err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
+			t.Fatalf("Setup of a distributed table: %v, want a refusal", err)
+		}
+		return nil
+	case err != nil:
+		t.Fatal(err)
+	}
+	return store
 }
