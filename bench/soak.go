@@ -156,7 +156,7 @@ func runSoak(ctx context.Context, cfg soakConfig, prog *progress) (soakResult, e
 			}
 			cleanups.Add(1)
 			deleted.Add(e.Count)
-			if e.Err != nil {
+			if e.Err != nil && !errors.Is(e.Err, context.Canceled) { // a run cut short by the soak's stop is no failure
 				cleanErr.Add(1)
 			}
 		}})
