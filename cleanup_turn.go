@@ -21,22 +21,26 @@ import (
 // turnSighting is what a Cleanup that found the turn taken saw.
 type turnSighting struct {
 	at      time.Time
-	holders []string   // the transactions holding the cleaners' lock (pid and start), sorted
-	working bool       // a holder is running a cleaner's statement
-	oldest  *time.Time // the oldest expired row's expires_at; nil if none
-	about   string     // the holders, described for an error
+	holders []string // the transactions holding the cleaners' lock (pid and start), sorted
+	working bool     // a holder is running a cleaner's statement
+	// released: the holders were read and there were none: the turn this
+	// run found taken has been let go since (a cleaner's batch ended)
+	released bool
+	oldest   *time.Time // the oldest expired row's expires_at; nil if none
+	about    string     // the holders, described for an error
 }
 
 // progressSince reports whether a cleaner made progress between before and
-// s, or is making it: the turn passed to another transaction (behind
-// PgBouncer, a cleaner's next batch may run on the same server session, so
-// a transaction is told by its start as well as its pid), a holder is running
-// a cleaner's statement (one batch may take longer than a wait), or the
-// oldest expired row was deleted.
+// s, or is making it: the turn was let go (on Citus a cleaner holds it for
+// windows it counts and gives back without deleting while it narrows them),
+// or passed to another transaction (behind PgBouncer, a cleaner's next batch
+// may run on the same server session, so a transaction is told by its start
+// as well as its pid), a holder is running a cleaner's statement (one batch
+// may take longer than a wait), or the oldest expired row was deleted.
 func (s turnSighting) progressSince(before turnSighting) bool {
 	switch {
-	case s.oldest == nil || s.working:
-		return true // nothing expired is left, or a cleaner is at work
+	case s.oldest == nil || s.working || s.released:
+		return true // nothing expired is left, a cleaner is at work, or the turn was let go
 	case before.oldest == nil || !slices.Equal(s.holders, before.holders):
 		return true
 	}
@@ -136,6 +140,7 @@ AND l.objid = '`+s.messages.table+`'::regclass::oid AND l.objsubid = 2 ORDER BY 
 		seen.about = "the cleaners' turn taken (its holder could not be read: " + err.Error() + ")"
 		seen.oldest = &seen.at
 	case len(described) == 0:
+		seen.released = true
 		seen.about = "the cleaners' turn taken by a session that has let it go since"
 	default:
 		seen.about = fmt.Sprintf("the cleaners' advisory lock on %s (%s, the table's OID) held by %s, and no expired row deleted; "+
