@@ -52,7 +52,11 @@ import (
 // drops those whose rows have all expired (docs/partitioning.md), logs what
 // it created and dropped and reports them in the [Event] (Created,
 // Dropped), and returns the rows of the dropped partitions (PostgreSQL's
-// estimates). It then needs to own the table.
+// estimates). It then needs to own the table. A run stopped between a
+// detach and its drop leaves a table that the next run drops. Transactions
+// that hold a lock on the table and stay open keep partitions from being
+// sealed: once sealing has been due for a partition span, Cleanup does the
+// rest of its work and returns ErrCleanupStarved naming them.
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	e := Event{Kind: EventCleanup}

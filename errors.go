@@ -42,7 +42,9 @@ var (
 	// ErrCleanupStarved is returned by [Store.Cleanup], wrapped with who holds
 	// the turn, when it could not take the cleaners' turn and nobody was
 	// cleaning: for [Config.CleanupTurnWait], or for three runs in a row.
-	// Expired rows are piling up: find the session that holds the turn.
+	// Expired rows are piling up: find the session that holds the turn. On
+	// a [Partitioned] table it names the transactions that have kept
+	// partitions from being sealed for a partition span (docs/partitioning.md).
 	ErrCleanupStarved = errors.New("pgdedup: cleanup never got its turn")
 
 	// ErrPayloadMismatch is matched (errors.Is) by the *[PayloadMismatchError]

@@ -38,8 +38,13 @@ const (
 	defaultDetachWait = 5 * time.Second
 )
 
-// partitionWaits are a Store's sealWait and detachWait; zero: the defaults.
-type partitionWaits struct{ seal, detach time.Duration }
+// partitionWaits are a Store's sealWait and detachWait (zero: the
+// defaults), and detached, which tests set to interrupt a Cleanup between
+// a detach and its DROP TABLE: called with the partition's name.
+type partitionWaits struct {
+	seal, detach time.Duration
+	detached     func(partition string)
+}
 
 // partitionState is the table's row in pgdedup_partitions and its
 // partitions, as one Cleanup run reads them.
@@ -112,14 +117,25 @@ func (s *Store) cleanupPartitioned(ctx context.Context, e *Event) (deleted int64
 		return 0, false, err
 	}
 	sealedBefore, waiting, err := s.sealPartitions(ctx, st)
+	// Starved sealing is reported once the rest is done.
+	var starved error
+	if errors.Is(err, ErrCleanupStarved) {
+		starved, err = err, nil
+	}
 	if err != nil {
 		return 0, false, err
 	}
-	dropped, deleted, err := s.dropPartitions(ctx, st)
+	dropped, deleted, err := s.dropOrphans(ctx, st)
+	if err == nil {
+		var more []PartitionSpan
+		var rows int64
+		more, rows, err = s.dropPartitions(ctx, st)
+		dropped, deleted = append(dropped, more...), deleted+rows
+	}
 	e.Dropped = append(e.Dropped, dropped...)
 	s.log.InfoContext(ctx, "pgdedup: partitions", "table", s.messages.table, "created", spanNames(created),
 		"sealed_before", sealedBefore.UTC(), "seal_waits_for", waiting, "dropped", spanNames(dropped), "rows_dropped", deleted)
-	return deleted, false, err
+	return deleted, false, errors.Join(err, starved)
 }
 
 // spanNames are the names of ps, for logs.
@@ -246,15 +262,17 @@ func (s *Store) exec(ctx context.Context, sql string, args ...any) error {
 // chose an older partition as its current one read the clock while holding
 // its lock on the table, so it was listed, or had ended before the list was
 // taken. It returns where sealed stands, and how many listed transactions
-// were still open if it gave up.
+// were still open if it gave up; err wraps ErrCleanupStarved if sealing is
+// held up for too long (partition_starved.go).
 func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed time.Time, waiting int, err error) {
 	if !st.sealed.Before(st.current) {
 		return st.sealed, 0, nil
 	}
-	waiting, err = s.waitLockers(ctx, cmp.Or(s.waits.seal, defaultSealWait))
-	if err != nil || waiting > 0 {
-		if waiting > 0 {
+	open, err := s.waitLockers(ctx, cmp.Or(s.waits.seal, defaultSealWait))
+	if waiting = len(open); err != nil || waiting > 0 {
+		if err == nil {
 			s.log.InfoContext(ctx, "pgdedup: sealing waits for transactions", "table", s.messages.table, "open", waiting)
+			err = s.sealStarved(ctx, st, open)
 		}
 		return st.sealed, waiting, err
 	}
@@ -269,32 +287,32 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 
 // waitLockers lists the transactions holding a lock on the table now and
 // waits up to d for all of them to end, polling pg_locks (it holds no lock
-// itself). It returns how many were still open when it gave up.
-func (s *Store) waitLockers(ctx context.Context, d time.Duration) (waiting int, err error) {
+// itself). It returns those still open when it gave up (virtualtransaction).
+func (s *Store) waitLockers(ctx context.Context, d time.Duration) (open []string, err error) {
 	from := `FROM pg_catalog.pg_locks WHERE locktype = 'relation'
 AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
 AND relation = '` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
 	var listed []string
 	if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
 		` AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()`).Scan(&listed); err != nil {
-		return 0, fmt.Errorf("pgdedup: partitions of %s: list transactions: %w", s.messages.table, withDetail(err))
+		return nil, fmt.Errorf("pgdedup: partitions of %s: list transactions: %w", s.messages.table, withDetail(err))
 	}
 	deadline := time.Now().Add(d)
 	for pause := time.Millisecond; len(listed) > 0; pause = min(2*pause, 100*time.Millisecond) {
-		if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT virtualtransaction) `+from+` AND virtualtransaction = ANY ($1::text[])`,
-			listed).Scan(&waiting); err != nil {
-			return 0, fmt.Errorf("pgdedup: partitions of %s: wait for transactions: %w", s.messages.table, withDetail(err))
+		if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
+			` AND virtualtransaction = ANY ($1::text[])`, listed).Scan(&listed); err != nil {
+			return nil, fmt.Errorf("pgdedup: partitions of %s: wait for transactions: %w", s.messages.table, withDetail(err))
 		}
-		if waiting == 0 || time.Now().After(deadline) {
-			return waiting, nil
+		if len(listed) == 0 || time.Now().After(deadline) {
+			return listed, nil
 		}
 		select {
 		case <-ctx.Done():
-			return waiting, ctx.Err()
+			return listed, ctx.Err()
 		case <-time.After(pause):
 		}
 	}
-	return 0, nil
+	return nil, nil
 }
 
 // dropPartitions detaches (CONCURRENTLY) and drops the sealed partitions
@@ -326,6 +344,9 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		if err != nil || done {
 			return dropped, rows, err
 		}
+		if s.waits.detached != nil && mine {
+			s.waits.detached(p.name)
+		}
 		if err := s.dropDetached(ctx, st, p); err != nil {
 			return dropped, rows, err
 		}
@@ -349,9 +370,9 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 		// FINALIZE locks the partition before it waits for the transactions
 		// that may still read it, which then deadlock with it: let them end
 		// first. Later ones never see the partition.
-		waiting, err := s.waitLockers(ctx, wait)
-		if err != nil || waiting > 0 {
-			s.log.InfoContext(ctx, "pgdedup: detach waits for transactions", "partition", p.name, "open", waiting)
+		open, err := s.waitLockers(ctx, wait)
+		if err != nil || len(open) > 0 {
+			s.log.InfoContext(ctx, "pgdedup: detach waits for transactions", "partition", p.name, "open", len(open))
 			return false, true, err
 		}
 	} else {
@@ -364,7 +385,12 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 		}
 		detach = `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
 	}
-	err = s.execAlone(ctx, wait, detach)
+	// Marked first, so that a run stopped before its DROP TABLE leaves a
+	// table the next one recognizes (partition_orphans.go).
+	err = s.markDetach(ctx, st, p)
+	if err == nil {
+		err = s.execAlone(ctx, wait, detach)
+	}
 	switch code, _ := sqlState(err); {
 	case err == nil:
 		return true, false, nil

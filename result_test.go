@@ -206,3 +206,70 @@ func TestWithMaxResultBytes(t *testing.T) {
 		t.Errorf("%d charges, want 1", n)
 	}
 }
+
+// A duplicate's row deleted between the claim and the read of its result
+// (by Cleanup once expired, or Forget): ProcessResult claims the ID again,
+// as the new ID it has become, runs fn and stores its answer. The gap is held
+// open by a statement trigger after the claim's INSERT that waits for an
+// advisory lock of the test's.
+func TestProcessResultRowDeletedAfterClaim(t *testing.T) {
+	t.Parallel()
+	layouts := map[string]*bundle{"plain": nil, "partitioned": nil}
+	for name := range layouts {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var b *bundle
+			if name == "plain" {
+				if pgtest.CitusColumn() != "" {
+					return // Citus refuses triggers on a distributed table
+				}
+				b = setup(t, pgdedup.Config{})
+			} else if b = setupPartitioned(t, pgdedup.Config{Retention: time.Hour}); b == nil {
+				return // Citus: refused
+			}
+			ctx := ctxT(t)
+			if res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1")); err != nil || !processed {
+				t.Fatalf("first delivery: %q, %v, %v", res, processed, err)
+			}
+			mustExec(t, b.pool, `CREATE FUNCTION gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock_shared(hashtext(current_schema())); RETURN NULL; END $$`)
+			mustExec(t, b.pool, `CREATE TRIGGER gate AFTER INSERT ON processed_messages FOR EACH STATEMENT EXECUTE FUNCTION gate()`)
+			gate, err := b.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gate.Rollback(ctx)
+			mustExec(t, gate, `SELECT pg_advisory_xact_lock(hashtext(current_schema()))`)
+
+			pool, app := namedPool(t, b)
+			dup, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			type answer struct {
+				res       []byte
+				processed bool
+				err       error
+			}
+			second := make(chan answer, 1)
+			go func() {
+				res, processed, err := dup.ProcessResult(ctx, "req-1", reply("req-1"))
+				second <- answer{res, processed, err}
+			}()
+			waitForLockWait(t, b, app) // claimed: a duplicate, its result not read yet
+			mustExec(t, b.pool, `DELETE FROM processed_messages WHERE message_id = 'req-1'`)
+			if err := gate.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			a := receive(t, second, "the duplicate's answer")
+			charges := chargesPerOrder(t, b.pool)["req-1"]
+			if a.err != nil || !a.processed || string(a.res) == "" || charges != 2 {
+				t.Fatalf("after its row was deleted: %q, processed=%v, err=%v, %d charges; want processed anew (2 charges in all)",
+					a.res, a.processed, a.err, charges)
+			}
+			if again, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1")); err != nil || processed || string(again) != string(a.res) {
+				t.Errorf("a third delivery: %q, %v, %v; want the second answer %q", again, processed, err, a.res)
+			}
+		})
+	}
+}

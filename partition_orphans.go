@@ -1,0 +1,98 @@
+package pgdedup
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A partition is dropped in two steps, DETACH … CONCURRENTLY (or FINALIZE)
+// and then DROP TABLE, and a cleaner stopped between them (killed, its
+// context cancelled, its connection cut) leaves a table that is no longer a
+// partition: no later run would see it. So before detaching, Cleanup marks
+// the partition with a comment naming its parent and its bounds, and each
+// run drops the tables of the parent's schema that are no partition and
+// carry the exact mark pgdedup writes under the exact name it gives that
+// partition. A table a user made, or detached by hand, has no such mark
+// and is never dropped.
+//
+// No claim reads such a table: the detach completed, and both DETACH …
+// CONCURRENTLY and FINALIZE return only after every transaction that could
+// still see the partition as part of the table has ended. A session that
+// reads it directly holds DROP TABLE off for lock_timeout (2 s), and the
+// table is left to the next run.
+
+// detachMark is the comment Cleanup puts on a partition before detaching
+// it.
+func detachMark(parent string, from, to time.Time) string {
+	return "pgdedup: detached from " + parent + " to be dropped; it held " +
+		from.UTC().Format(time.RFC3339Nano) + " to " + to.UTC().Format(time.RFC3339Nano)
+}
+
+// markDetach puts detachMark on partition p before it is detached (COMMENT
+// takes SHARE UPDATE EXCLUSIVE on p only: claims go on).
+func (s *Store) markDetach(ctx context.Context, st *partitionState, p partitionInfo) error {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
+	b.Queue(`COMMENT ON TABLE ` + st.quoted(p.name) + ` IS ` + quoteLiteral(detachMark(st.name, p.from, p.to)))
+	b.Queue(`COMMIT`)
+	return s.db.SendBatch(ctx, b).Close()
+}
+
+// dropOrphans drops the tables left detached by an interrupted Cleanup (see
+// above) and returns them, with their rows (PostgreSQL's estimates). A
+// table it cannot lock within lock_timeout is left to the next run.
+func (s *Store) dropOrphans(ctx context.Context, st *partitionState) (dropped []PartitionSpan, rows int64, err error) {
+	type orphan struct {
+		p    partitionInfo
+		mark string
+	}
+	var orphans []orphan
+	q, _ := s.db.Query(ctx, `SELECT c.relname::text, pg_catalog.obj_description(c.oid, 'pg_class'), GREATEST(c.reltuples, 0)::bigint
+FROM pg_catalog.pg_class c
+WHERE c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = '`+s.messages.table+`'::pg_catalog.regclass)
+AND c.relkind = 'r' AND NOT c.relispartition
+AND pg_catalog.obj_description(c.oid, 'pg_class') LIKE 'pgdedup: detached from %'
+ORDER BY 1`)
+	var o orphan
+	if _, err := pgx.ForEachRow(q, []any{&o.p.name, &o.mark, &o.p.rows}, func() error {
+		orphans = append(orphans, o)
+		return nil
+	}); err != nil {
+		return nil, 0, fmt.Errorf("pgdedup: partitions of %s: find detached partitions: %w", s.messages.table, withDetail(err))
+	}
+	for _, o := range orphans {
+		bounds := o.mark[strings.LastIndex(o.mark, "; it held ")+len("; it held "):]
+		f, t, _ := strings.Cut(bounds, " to ")
+		from, err1 := time.Parse(time.RFC3339Nano, f)
+		to, err2 := time.Parse(time.RFC3339Nano, t)
+		if err1 != nil || err2 != nil || o.mark != detachMark(st.name, from, to) || o.p.name != partitionName(st.name, from) {
+			continue // not pgdedup's mark for this table
+		}
+		o.p.from, o.p.to = from, to
+		if err := s.dropDetached(ctx, st, o.p); err != nil {
+			if code, _ := sqlState(err); code == "55P03" {
+				s.log.InfoContext(ctx, "pgdedup: detached partition left to the next cleanup", "partition", o.p.name, "error", err)
+				continue
+			}
+			return dropped, rows, err
+		}
+		dropped = append(dropped, PartitionSpan{Name: o.p.name, From: from.UTC(), To: to.UTC()})
+		rows += o.p.rows
+	}
+	return dropped, rows, nil
+}
+
+// quoteLiteral quotes s as an SQL string literal, whatever
+// standard_conforming_strings is.
+func quoteLiteral(s string) string {
+	s = strings.ReplaceAll(s, `'`, `''`)
+	if strings.Contains(s, `\`) {
+		return `E'` + strings.ReplaceAll(s, `\`, `\\`) + `'`
+	}
+	return `'` + s + `'`
+}
