@@ -1,6 +1,7 @@
 package pgdedup
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -59,6 +60,15 @@ type layout interface {
 type layouts struct {
 	messages layout    // Config.Table
 	offsets  placement // Config.OffsetTable
+	at       time.Time // when they were looked up
+}
+
+// stale reports whether ls are due to be looked up again: a plain table
+// every layoutRecheck, so that a Store follows a move to the partitioned
+// layout (Setup on a populated table) before its switch time.
+func (s *Store) stale(ls *layouts) bool {
+	_, plain := ls.messages.(plainLayout)
+	return plain && s.move.recheck >= 0 && time.Since(ls.at) >= cmp.Or(s.move.recheck, defaultLayoutRecheck)
 }
 
 // transient marks err as transient if either table's placement says so.
@@ -83,7 +93,7 @@ EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regcl
 // keeps its plain layout until the Store is recreated: distribute before
 // starting consumers.
 func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, error) {
-	if ls := s.found.Load(); ls != nil {
+	if ls := s.found.Load(); ls != nil && !s.stale(ls) {
 		return ls, nil
 	}
 	var citusInstalled, exists, partitioned, messagesOnCitus, offsetsOnCitus bool
@@ -95,7 +105,7 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 			return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.messages.table, withDetail(err)))
 		}
 	}
-	ls := &layouts{messages: plainLayout{plainPlacement(s.messages.lockTimeoutMS)}, offsets: plainPlacement(s.messages.lockTimeoutMS)}
+	ls := &layouts{messages: plainLayout{plainPlacement(s.messages.lockTimeoutMS)}, offsets: plainPlacement(s.messages.lockTimeoutMS), at: time.Now()}
 	switch {
 	case messagesOnCitus && partitioned:
 		return nil, fmt.Errorf("pgdedup: %s is partitioned and distributed by Citus: the Partitioned layout runs on plain PostgreSQL only", s.messages.table)

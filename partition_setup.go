@@ -2,18 +2,11 @@ package pgdedup
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// ErrTableNotEmpty is returned, wrapped with the table's name, by
-// [Store.Setup] asked for the [Partitioned] layout on a plain table that
-// already holds IDs: Setup replaces only an empty plain table (docs/partitioning.md
-// describes moving a populated one).
-var ErrTableNotEmpty = errors.New("pgdedup: the table holds rows")
 
 // Setup makes the dedup table the shape [Config.Layout] asks for. With
 // [Plain] it does nothing ([Migrate] makes the plain table). With
@@ -56,6 +49,18 @@ func (s *Store) Setup(ctx context.Context) error {
 		}
 	}
 	span := s.cfg.Retention / time.Duration(s.cfg.Partitions)
+	if populated, err := s.populatedPlain(ctx); err != nil {
+		return err
+	} else if populated {
+		// Moved online, without the lock below, which claims would queue
+		// behind; the old table covers the past.
+		if _, err := s.movePopulated(ctx, span); err != nil {
+			return err
+		}
+		s.found.Store(nil)
+		_, err := s.createPartitions(ctx, 0)
+		return err
+	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '5s', true)`)
@@ -67,11 +72,13 @@ func (s *Store) Setup(ctx context.Context) error {
 	b.Queue(s.setupSQL(span))
 	b.Queue(`COMMIT`)
 	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
-		if code, _ := sqlState(err); code == "PGD01" {
-			return fmt.Errorf("%w: pgdedup: setup %s: it holds IDs; Setup replaces only an empty table (see docs/partitioning.md to move a populated one)",
-				ErrTableNotEmpty, s.messages.table)
+		if code, _ := sqlState(err); code != "PGD01" {
+			return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
 		}
-		return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+		// Rows came in since populatedPlain looked: moved online.
+		if _, err := s.movePopulated(ctx, span); err != nil {
+			return err
+		}
 	}
 	s.found.Store(nil) // look the layout up again
 	// Partitions for the past Retention too, for IDs imported with their
