@@ -77,21 +77,25 @@ func (ls *layouts) transient(err error) error {
 }
 
 // The look-up, without referencing Citus's catalog (absent on plain
-// PostgreSQL) in the first statement.
+// PostgreSQL) in the first statement. Whether the table is partitioned comes
+// from the catalog's latest state (pg_get_partkeydef), not from a snapshot:
+// a look-up again in a caller's REPEATABLE READ transaction that began
+// before a move sees it.
 const (
 	layoutQuery = `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL, to_regclass($1) IS NOT NULL,
-coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
+pg_catalog.pg_get_partkeydef(to_regclass($1)) IS NOT NULL`
 	citusLayoutQuery = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1)),
 EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($2))`
 )
 
 // layouts returns the layouts of the Store's tables, looking them up with
 // query on first use: one query on plain PostgreSQL, two where Citus is
-// installed, once per Store. A partitioned table (relkind p) has the
+// installed, once per Store, and again every layoutRecheck while the table
+// is plain (see stale). A partitioned table (relkind p) has the
 // partitioned layout whatever Config.Layout says. A missing table is not remembered: the claim
 // that follows reports it. A table distributed after the Store's first use
-// keeps its plain layout until the Store is recreated: distribute before
-// starting consumers.
+// keeps its plain layout until the next look-up: distribute before starting
+// consumers.
 func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, error) {
 	if ls := s.found.Load(); ls != nil && !s.stale(ls) {
 		return ls, nil

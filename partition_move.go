@@ -71,7 +71,7 @@ func moveCheck(t time.Time) string {
 }
 
 // movePopulated moves the populated plain table to the partitioned layout
-// (see above) and returns T. A step that fails after the check was added
+// (see above) and returns T (zero if another Setup moved it first). A step that fails after the check was added
 // removes it, so that the plain table takes claims after T again.
 func (s *Store) movePopulated(ctx context.Context, span time.Duration) (time.Time, error) {
 	lead := max(cmp.Or(s.move.lead, defaultMoveLead), span)
@@ -113,6 +113,9 @@ END IF; END $pgdedup$`
 	add := `DO $pgdedup$
 DECLARE c pg_catalog.name;
 BEGIN
+    IF (SELECT relkind FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) '` + table + `'::pg_catalog.regclass::pg_catalog.oid) OPERATOR(pg_catalog.=) 'p' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PGD04', MESSAGE = 'moved already';
+    END IF;
     FOR c IN SELECT conname FROM pg_catalog.pg_constraint WHERE conrelid OPERATOR(pg_catalog.=) '` + table + `'::pg_catalog.regclass::pg_catalog.oid
              AND conname OPERATOR(pg_catalog.~) '^pgdedup_move_before_' LOOP
         EXECUTE pg_catalog.format('ALTER TABLE ` + table + ` DROP CONSTRAINT %I', c);
@@ -122,6 +125,9 @@ BEGIN
 END
 $pgdedup$`
 	if err := s.moveStep(ctx, until, add); err != nil {
+		if code, _ := sqlState(err); code == "PGD04" {
+			return time.Time{}, nil // by another Setup since populatedPlain looked
+		}
 		return fail("add the check", err)
 	}
 	if err := s.moveStep(ctx, until, `ALTER TABLE `+table+` VALIDATE CONSTRAINT `+pgx.Identifier{check}.Sanitize()); err != nil {

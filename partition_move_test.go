@@ -149,6 +149,7 @@ func TestMoveUnderLoad(t *testing.T) {
 		moveFrom   time.Time // Setup's call and return
 		moveTo     time.Time
 		longest    time.Duration // the longest claim overlapping the move
+		before     time.Duration // and ending before it
 		claimsSeen int           // claims overlapping the move
 	)
 	deliver := func(id string) {
@@ -158,7 +159,10 @@ func TestMoveUnderLoad(t *testing.T) {
 			_, err := s.Process(ctx, id, charge("billing/"+id))
 			end := time.Now()
 			mu.Lock()
-			if !moveFrom.IsZero() && end.After(moveFrom) && (moveTo.IsZero() || start.Before(moveTo)) {
+			switch {
+			case moveFrom.IsZero():
+				before = max(before, end.Sub(start))
+			case end.After(moveFrom) && (moveTo.IsZero() || start.Before(moveTo)):
 				longest = max(longest, end.Sub(start))
 				claimsSeen++
 			}
@@ -182,7 +186,10 @@ func TestMoveUnderLoad(t *testing.T) {
 			default:
 			}
 			var ids []string
-			for i := range 10 {
+			// At most 17 at once: the pool's 20 connections, less the
+			// cleaner's and Setup's, so that a claim's time is not a wait
+			// for a connection.
+			for i := range 5 {
 				id := fmt.Sprintf("r%d-%d", round, i)
 				mu.Lock()
 				delivered[id] = true
@@ -190,7 +197,7 @@ func TestMoveUnderLoad(t *testing.T) {
 				ids = append(ids, id, id, id)
 			}
 			if time.Now().Before(preUntil) {
-				for range 3 {
+				for range 2 {
 					ids = append(ids, pre[rand.N(len(pre))])
 				}
 			}
@@ -203,6 +210,25 @@ func TestMoveUnderLoad(t *testing.T) {
 	})
 
 	time.Sleep(300 * time.Millisecond)
+	// Claims waiting for a lock, as the server sees them, sampled every
+	// 20 ms while the move runs: the longest such wait seen.
+	var lockWait time.Duration
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			var d time.Duration
+			_ = b.pool.QueryRow(context.Background(), `SELECT coalesce(max(clock_timestamp() - query_start), '0') FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'active' AND wait_event_type = 'Lock' AND (query LIKE 'INSERT%' OR query LIKE 'WITH%')`).Scan(&d)
+			lockWait = max(lockWait, d)
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
 	mu.Lock()
 	moveFrom = time.Now()
 	mu.Unlock()
@@ -212,6 +238,8 @@ func TestMoveUnderLoad(t *testing.T) {
 	mu.Lock()
 	moveTo = time.Now()
 	mu.Unlock()
+	close(stopSampling)
+	<-sampled
 	phase.Store(1)
 	at := switchTime(t, b)
 	t.Logf("moved in %s; switch at %s, %s after the move", moveTo.Sub(moveFrom), at.Format("15:04:05.000"), time.Until(at))
@@ -267,8 +295,8 @@ func TestMoveUnderLoad(t *testing.T) {
 	if lost > 0 || doubled > 0 || len(charges) != len(delivered) {
 		t.Errorf("%d messages: %d doubled, %d lost, %d charged", len(delivered), doubled, lost, len(charges))
 	}
-	t.Logf("%d messages; %d claims overlapped the move, the longest took %s; failed deliveries (delivered again): %v",
-		len(delivered), claimsSeen, longest, failures)
+	t.Logf("%d messages; %d claims overlapped the move: the longest took %s (the longest before it %s), the longest wait for a lock seen on the server %s; "+
+		"failed deliveries (delivered again): %v", len(delivered), claimsSeen, longest, before, lockWait, failures)
 }
 
 // Setup refuses a table holding a row at or after T (here an ID imported
