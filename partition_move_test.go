@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pressly/goose/v3"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
@@ -408,5 +409,37 @@ WHERE i.inhparent = 'processed_messages'::regclass`)
 	}
 	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 5 {
 		t.Errorf("%d rows after the move, want the 5 claimed before", n)
+	}
+}
+
+// The move run by a goose host, as a Go migration of its own (a Provider
+// here; goose.AddNamedMigrationNoTxContext takes the same function).
+func TestMoveAsGooseMigration(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	populate(t, b, b.store, 5)
+	db := openSQL(t, b)
+	cfg := pgdedup.Config{Retention: time.Hour, Partitions: 12}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, nil,
+		goose.WithTableName("host_goose_version"), goose.WithDisableGlobalRegistry(true),
+		goose.WithGoMigrations(goose.NewGoMigration(42, &goose.GoFunc{RunDB: pgdedup.SetupMigration(cfg)}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Up(ctxT(t))
+	if pgtest.CitusColumn() != "" {
+		if err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
+			t.Fatalf("the migration on a distributed table: %v, want a refusal", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass('`+legacyPartition+`')`); n != 1 {
+		t.Error("the table was not moved to the partitioned layout")
+	}
+	if processed, err := b.store.Process(ctxT(t), "pre-2", charge("billing/pre-2")); err != nil || processed {
+		t.Errorf("an ID claimed before the migration: processed=%v err=%v, want a duplicate", processed, err)
 	}
 }
