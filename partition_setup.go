@@ -17,11 +17,20 @@ import (
 // and creates the partitions for the next spans, and one for the past
 // Retention (for IDs imported with their times: see docs/partitioning.md). Run it once
 // after Migrate,
-// as the table's owner, before any consumer claims: it is idempotent, and on
+// as the table's owner: it is idempotent, and on
 // a table already partitioned it only creates missing partitions.
 //
-// A plain table that holds rows is left as it is and Setup returns
-// [ErrTableNotEmpty]. On a table Citus distributes it returns an error: the
+// A plain table that holds rows is moved online while consumers claim: it
+// becomes the partition of all claim times before a switch time T, at least
+// 10 minutes and one partition span ahead, logged ([Config.Logger]) and
+// shown by [Store.Stats] as that partition's end. Claims never wait for the
+// move longer than 200 ms at a time. A row at or after T, or a lock not
+// taken by 5 minutes before T, leaves the table as it was, with an error.
+// Stores look a plain table up again every minute and so follow the move;
+// a process running an older pgdedup release claims exactly only until T,
+// and must be stopped by then. [SetupMigration] runs Setup from goose.
+//
+// On a table Citus distributes it returns an error: the
 // Partitioned layout is plain PostgreSQL only.
 //
 // A role granted INSERT on the table later also needs SELECT on
