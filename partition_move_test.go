@@ -109,7 +109,7 @@ func TestMoveUnderLoad(t *testing.T) {
 	ctx := ctxT(t)
 	old := moveStore(t, b, pgdedup.Config{Retention: retention}, 0, -1)
 	plain := moveStore(t, b, pgdedup.Config{Retention: retention}, 0, 20*time.Millisecond)
-	part := moveStore(t, b, pgdedup.Config{Retention: retention, Layout: pgdedup.Partitioned, Partitions: 4}, 2*time.Second, 20*time.Millisecond)
+	part := moveStore(t, b, pgdedup.Config{Retention: retention, Layout: pgdedup.Partitioned, Partitions: 4}, 4*time.Second, 20*time.Millisecond)
 	if refusedOnCitus(t, part) {
 		return
 	}

@@ -23,8 +23,8 @@ import (
 // A plain table that holds rows is moved online while consumers claim: it
 // becomes the partition of all claim times before a switch time T, at least
 // 10 minutes and one partition span ahead, logged ([Config.Logger]) and
-// shown by [Store.Stats] as that partition's end. Claims never wait for the
-// move longer than 200 ms at a time. A row at or after T, or a lock not
+// shown by [Store.Stats] as that partition's end. A claim waits for the move
+// at most one lock attempt of 200 ms and the short transaction that follows. A row at or after T, or a lock not
 // taken by 5 minutes before T, leaves the table as it was, with an error.
 // Stores look a plain table up again every minute and so follow the move;
 // a process running an older pgdedup release claims exactly only until T,
