@@ -443,3 +443,63 @@ func TestMoveAsGooseMigration(t *testing.T) {
 		t.Errorf("an ID claimed before the migration: processed=%v err=%v, want a duplicate", processed, err)
 	}
 }
+
+// The move keeps the table's grants: a runtime role with the README's
+// grants claims on the moved table (which needs SELECT on
+// pgdedup_partitions, granted with INSERT).
+func TestMoveKeepsGrants(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour}, 0, 0)
+	if refusedOnCitus(t, part) {
+		return
+	}
+	populate(t, b, b.store, 5)
+	pool, _ := rolePool(t, b, runtimeGrants...)
+	ctx := ctxT(t)
+	if err := part.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"pre-1": false, "new-1": true} {
+		if processed, err := store.Process(ctx, id, charge("billing/"+id)); err != nil || processed != want {
+			t.Errorf("Process %s as the runtime role: processed=%v err=%v, want %v", id, processed, err, want)
+		}
+	}
+}
+
+// A cleaner that still claims the table plain (a release before the move,
+// or a Store within a minute of it) runs the plain cleanup on the moved
+// table: its DELETE picks rows by ctid, which repeat across partitions, but
+// checks expires_at again, so it deletes only expired rows, never a live row
+// of another partition at the same ctid.
+func TestPlainCleanupOnMovedTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
+	if refusedOnCitus(t, part) {
+		return
+	}
+	pgtest.Seed(t, b.pool, "billing", "old", 20, -time.Minute) // expired, from ctid (0,1) on
+	old := moveStore(t, b, pgdedup.Config{}, 0, -1)
+	if _, _, err := old.Lookup(ctxT(t), "x"); err != nil { // finds the table plain
+		t.Fatal(err)
+	}
+	if err := part.Setup(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Live rows at ctid (0,1) … in the partition from the switch on.
+	at := switchTime(t, b)
+	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
+SELECT 'billing', 'live-' || g, $1::timestamptz, now() + interval '1 hour' FROM generate_series(1, 20) g`, at)
+	deleted, err := old.Cleanup(ctxT(t))
+	if err != nil || deleted != 20 {
+		t.Errorf("the plain cleanup on the moved table: deleted %d, err %v; want the 20 expired rows", deleted, err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages WHERE message_id LIKE 'live-%'`); n != 20 {
+		t.Errorf("%d of the 20 live rows left", n)
+	}
+}
