@@ -64,7 +64,7 @@ type layouts struct {
 }
 
 // stale reports whether ls are due to be looked up again: a plain table
-// every layoutRecheck, so that a Store follows a move to the partitioned
+// every defaultLayoutRecheck, so that a Store follows a move to the partitioned
 // layout (Setup on a populated table) before its switch time.
 func (s *Store) stale(ls *layouts) bool {
 	_, plain := ls.messages.(plainLayout)
@@ -90,7 +90,7 @@ EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regcl
 
 // layouts returns the layouts of the Store's tables, looking them up with
 // query on first use: one query on plain PostgreSQL, two where Citus is
-// installed, once per Store, and again every layoutRecheck while the table
+// installed, once per Store, and again every defaultLayoutRecheck while the table
 // is plain (see stale). A partitioned table (relkind p) has the
 // partitioned layout whatever Config.Layout says. A missing table is not remembered: the claim
 // that follows reports it. A table distributed after the Store's first use

@@ -14,20 +14,22 @@ import (
 // Moving a populated plain table to the partitioned layout (Store.Setup on a
 // plain table that holds rows), online: the old table becomes one partition,
 // the legacy partition, covering claim times from partitionOrigin to a switch
-// time T on the span grid, at least moveLead ahead. No row is copied, and no
-// step holds a lock that claims wait for longer than moveLockTimeout:
+// time T on the span grid, ahead by at least defaultMoveLead, one span, and
+// twice the old table's scan at moveScanRate. No row is copied, and no step
+// holds a lock that claims wait for longer than moveLockTimeout:
 //
-//  1. CHECK (processed_at >= origin AND processed_at < T) NOT VALID (a
-//     catalog change under ACCESS EXCLUSIVE, tried for moveLockTimeout at a
-//     time), then VALIDATE CONSTRAINT (a scan under SHARE UPDATE EXCLUSIVE,
-//     which claims do not wait for). Claims before T pass it; a row outside
-//     fails the validation, and Setup gives up.
+//  1. CHECK (processed_at >= partitionOrigin AND processed_at < T) NOT
+//     VALID (a catalog change under ACCESS EXCLUSIVE, tried for
+//     moveLockTimeout at a time), then VALIDATE CONSTRAINT (a scan under
+//     SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued behind
+//     it, so it waits for its lock until the deadline). Claims before T pass
+//     the check; a row outside fails the validation, and Setup gives up.
 //  2. One short transaction, under the same lock_timeout: rename the old
 //     table to the legacy partition's name, create the partitioned parent
 //     under the old name as setupSQL does (columns, defaults, trigger,
-//     grants), ATTACH the old table FOR VALUES FROM (origin) TO (T), which
-//     the validated check spares a scan of, drop the check, and record the
-//     span with sealed = T - span.
+//     grants), ATTACH the old table FOR VALUES FROM (partitionOrigin) TO
+//     (T), which the validated check spares a scan of, drop the check, and
+//     record the span with sealed = T - span.
 //
 // The legacy partition keeps its own unique index on key (a partition may
 // have indexes its parent lacks) and its expires_at index. Until T every
@@ -43,9 +45,14 @@ import (
 // A claim with the plain statement (a Store that looked the table up before
 // the move, or an older release) inserts through the parent with
 // processed_at = now(): into the legacy partition while that is before T,
-// which is exact. After T it would miss the hand-over, so Stores look a plain
-// table up again every layoutRecheck (Store.layouts), and the swap gives up
-// unless it commits moveLead/2 before T.
+// which is exact. At or after T it is not: it copies into no older
+// partition, and now() is its transaction's start, so it may even land in
+// the legacy partition after the seal, unseen by claims that saw the seal.
+// So no plain claim may run from T on: Stores look a plain table up again
+// every defaultLayoutRecheck (Store.layouts), the swap gives up unless it
+// commits half the lead before T, and older releases must stop by T. (Old releases' Cleanup
+// deletes by ctid, which repeats across partitions, but checks expires_at
+// again: it deletes only expired rows, which is harmless.)
 
 const (
 	// defaultMoveLead is how far ahead of the move T is at least (and at
@@ -57,6 +64,9 @@ const (
 	// moveLockTimeout bounds each wait of the move for a lock that claims
 	// queue behind.
 	moveLockTimeout = 200 * time.Millisecond
+	// moveScanRate is the bytes per second the lead counts on for the
+	// validation's scan of the old table, slow on purpose.
+	moveScanRate = 25 << 20
 )
 
 // moveTimes are a Store's move lead and layout re-check interval; zero: the
@@ -71,18 +81,26 @@ func moveCheck(t time.Time) string {
 }
 
 // movePopulated moves the populated plain table to the partitioned layout
-// (see above) and returns T (zero if another Setup moved it first). A step that fails after the check was added
-// removes it, so that the plain table takes claims after T again.
+// (see above) and returns T (zero if another Setup moved it first). A step
+// that fails after the check was added removes it, so that the plain table
+// takes claims after T again.
 func (s *Store) movePopulated(ctx context.Context, span time.Duration) (time.Time, error) {
-	lead := max(cmp.Or(s.move.lead, defaultMoveLead), span)
+	var nsp, rel string
+	var size int64
+	err := s.db.QueryRow(ctx, `SELECT n.nspname::text, c.relname::text, pg_catalog.pg_table_size(c.oid)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = '`+s.messages.table+`'::pg_catalog.regclass`).Scan(&nsp, &rel, &size)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+	}
+	// Half the lead is left for the validation's scan: a second per
+	// moveScanRate bytes is plenty.
+	lead := max(cmp.Or(s.move.lead, defaultMoveLead), span, 2*time.Duration(size/moveScanRate)*time.Second)
 	spanSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, span.Microseconds())
 	leadSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, lead.Microseconds())
-	var nsp, rel string
 	var at, dbNow time.Time
-	err := s.db.QueryRow(ctx, `SELECT n.nspname::text, c.relname::text, pg_catalog.clock_timestamp(),
-pg_catalog.date_bin(`+spanSQL+`, pg_catalog.clock_timestamp() + `+leadSQL+`, `+partitionOrigin+`) + `+spanSQL+`
-FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = '`+s.messages.table+`'::pg_catalog.regclass`).Scan(&nsp, &rel, &dbNow, &at)
+	err = s.db.QueryRow(ctx, `SELECT pg_catalog.clock_timestamp(),
+pg_catalog.date_bin(`+spanSQL+`, pg_catalog.clock_timestamp() + `+leadSQL+`, `+partitionOrigin+`) + `+spanSQL).Scan(&dbNow, &at)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
 	}
@@ -130,7 +148,11 @@ $pgdedup$`
 		}
 		return fail("add the check", err)
 	}
-	if err := s.moveStep(ctx, until, `ALTER TABLE `+table+` VALIDATE CONSTRAINT `+pgx.Identifier{check}.Sanitize()); err != nil {
+	// SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued: it may
+	// wait until the deadline (an autovacuum of the table yields to it).
+	if err := s.moveStep(ctx, until, `SELECT pg_catalog.set_config('lock_timeout', '`+
+		fmt.Sprint(max(time.Until(until).Milliseconds(), 1))+`ms', true)`,
+		`ALTER TABLE `+table+` VALIDATE CONSTRAINT `+pgx.Identifier{check}.Sanitize()); err != nil {
 		if code, _ := sqlState(err); code == "23514" {
 			err = fmt.Errorf("a row's processed_at is before %s or not before the switch at %s: %w",
 				legacyFrom.Format(time.DateOnly), at.UTC().Format(time.RFC3339), err)
@@ -196,7 +218,8 @@ func (s *Store) populatedPlain(ctx context.Context) (bool, error) {
 	return plain, nil
 }
 
-// moveStep runs sqls in one transaction under moveLockTimeout, again after
+// moveStep runs sqls in one transaction under moveLockTimeout (unless they
+// set another), again after
 // a pause while a lock was not available (or a deadlock), until until.
 func (s *Store) moveStep(ctx context.Context, until time.Time, sqls ...string) error {
 	for {
