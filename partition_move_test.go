@@ -97,11 +97,12 @@ func refusedOnCitus(t *testing.T, s *pgdedup.Store) bool {
 // claims with the plain statement; it stops before T, as the procedure
 // says), a Plain-configured Store that looks it up again every 20 ms, and,
 // once Setup returned, a Partitioned one. Every message is delivered three
-// times at about the same time, by random kinds. The clock then crosses T,
-// a cleaner (Retention 8 s, 2 s spans) seals, and drops the legacy
-// partition once its rows expired. 0 doubled, 0 lost, and the IDs claimed
-// before the move stay duplicates after it and after T. The longest claim
-// that overlapped the move is logged, not asserted.
+// times at about the same time, by random kinds, by Process or
+// ProcessBatch. The clock then crosses T, a cleaner (Retention 8 s, 2 s
+// spans) seals, and drops the legacy partition once its rows expired. 0
+// doubled, 0 lost, and the IDs claimed before the move stay duplicates
+// after it and after T. The longest claim that overlapped the move, and the
+// longest lock wait of a claim seen on the server, are logged, not asserted.
 func TestMoveUnderLoad(t *testing.T) {
 	t.Parallel()
 	const retention = 8 * time.Second
@@ -157,7 +158,17 @@ func TestMoveUnderLoad(t *testing.T) {
 		for ctx.Err() == nil {
 			s := pick()
 			start := time.Now()
-			_, err := s.Process(ctx, id, charge("billing/"+id))
+			var err error
+			if rand.N(3) == 0 { // the batch statement
+				_, err = s.ProcessBatch(ctx, []string{id}, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+					if len(fresh) == 0 {
+						return nil
+					}
+					return charge("billing/"+id)(ctx, tx)
+				})
+			} else {
+				_, err = s.Process(ctx, id, charge("billing/"+id))
+			}
 			end := time.Now()
 			mu.Lock()
 			switch {
