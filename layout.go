@@ -77,13 +77,13 @@ func (ls *layouts) transient(err error) error {
 }
 
 // The look-up, without referencing Citus's catalog (absent on plain
-// PostgreSQL) in the first statement. Whether the table is partitioned comes
-// from the catalog's latest state (pg_get_partkeydef), not from a snapshot:
-// a look-up again in a caller's REPEATABLE READ transaction that began
-// before a move sees it.
+// PostgreSQL) in the first statement. In a transaction whose snapshot
+// predates a move the table is still plain, and the plain statement is what
+// works there (the partitioned claim would not see its pgdedup_partitions
+// row): exact until the switch, which comes minutes later.
 const (
 	layoutQuery = `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL, to_regclass($1) IS NOT NULL,
-pg_catalog.pg_get_partkeydef(to_regclass($1)) IS NOT NULL`
+coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
 	citusLayoutQuery = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1)),
 EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($2))`
 )
