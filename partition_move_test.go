@@ -135,6 +135,7 @@ func TestMoveUnderLoad(t *testing.T) {
 	// phase 0: before Setup returned (old, plain); 1: after (all three);
 	// 2: from shortly before T (plain, part).
 	var phase atomic.Int32
+	var oldInFlight atomic.Int32 // claims of the old Store under way
 	pick := func() *pgdedup.Store {
 		switch phase.Load() {
 		case 0:
@@ -156,7 +157,11 @@ func TestMoveUnderLoad(t *testing.T) {
 	)
 	deliver := func(id string) {
 		for ctx.Err() == nil {
+			oldInFlight.Add(1) // before pick: the drain below cannot miss it
 			s := pick()
+			if s != old {
+				oldInFlight.Add(-1)
+			}
 			start := time.Now()
 			var err error
 			if rand.N(3) == 0 { // the batch statement
@@ -170,6 +175,9 @@ func TestMoveUnderLoad(t *testing.T) {
 				_, err = s.Process(ctx, id, charge("billing/"+id))
 			}
 			end := time.Now()
+			if s == old {
+				oldInFlight.Add(-1)
+			}
 			mu.Lock()
 			switch {
 			case moveFrom.IsZero():
@@ -260,9 +268,16 @@ WHERE datname = current_database() AND state = 'active' AND wait_event_type = 'L
 			t.Errorf("an ID claimed before the move, after it: processed=%v err=%v, want a duplicate", processed, err)
 		}
 	}
-	// Releases before the move are gone before T.
-	time.Sleep(time.Until(at.Add(-600 * time.Millisecond)))
+	// Releases before the move are gone before T: no new claim of the old
+	// Store from 1.5 s before, and the last one ended before T.
+	time.Sleep(time.Until(at.Add(-1500 * time.Millisecond)))
 	phase.Store(2)
+	for oldInFlight.Load() > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if !time.Now().Before(at) {
+		t.Fatalf("the machine is too slow for this test: a claim of the old Store was still under way at the switch (%s)", at)
+	}
 	for time.Now().Before(at.Add(100 * time.Millisecond)) {
 		time.Sleep(10 * time.Millisecond)
 	}
