@@ -14,3 +14,10 @@ func SetPartitionWaits(s *Store, seal, detach time.Duration) {
 func SetAfterDetach(s *Store, f func(partition string)) {
 	s.waits.detached = f
 }
+
+// SetMoveTimes sets how far ahead of a move of a populated table Setup puts
+// the switch (at least one span), and how often s looks a plain table up
+// again (negative: never, as a release before the move would).
+func SetMoveTimes(s *Store, lead, recheck time.Duration) {
+	s.move = moveTimes{lead: lead, recheck: recheck}
+}

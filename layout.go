@@ -1,6 +1,7 @@
 package pgdedup
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -59,6 +60,15 @@ type layout interface {
 type layouts struct {
 	messages layout    // Config.Table
 	offsets  placement // Config.OffsetTable
+	at       time.Time // when they were looked up
+}
+
+// stale reports whether ls are due to be looked up again: a plain table
+// every defaultLayoutRecheck, so that a Store follows a move to the partitioned
+// layout (Setup on a populated table) before its switch time.
+func (s *Store) stale(ls *layouts) bool {
+	_, plain := ls.messages.(plainLayout)
+	return plain && s.move.recheck >= 0 && time.Since(ls.at) >= cmp.Or(s.move.recheck, defaultLayoutRecheck)
 }
 
 // transient marks err as transient if either table's placement says so.
@@ -67,7 +77,10 @@ func (ls *layouts) transient(err error) error {
 }
 
 // The look-up, without referencing Citus's catalog (absent on plain
-// PostgreSQL) in the first statement.
+// PostgreSQL) in the first statement. In a transaction whose snapshot
+// predates a move the table is still plain, and the plain statement is what
+// works there (the partitioned claim would not see its pgdedup_partitions
+// row): exact until the switch, which comes minutes later.
 const (
 	layoutQuery = `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL, to_regclass($1) IS NOT NULL,
 coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
@@ -77,13 +90,14 @@ EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regcl
 
 // layouts returns the layouts of the Store's tables, looking them up with
 // query on first use: one query on plain PostgreSQL, two where Citus is
-// installed, once per Store. A partitioned table (relkind p) has the
+// installed, once per Store, and again every defaultLayoutRecheck while the table
+// is plain (see stale). A partitioned table (relkind p) has the
 // partitioned layout whatever Config.Layout says. A missing table is not remembered: the claim
 // that follows reports it. A table distributed after the Store's first use
-// keeps its plain layout until the Store is recreated: distribute before
-// starting consumers.
+// keeps its plain layout until the next look-up: distribute before starting
+// consumers.
 func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, error) {
-	if ls := s.found.Load(); ls != nil {
+	if ls := s.found.Load(); ls != nil && !s.stale(ls) {
 		return ls, nil
 	}
 	var citusInstalled, exists, partitioned, messagesOnCitus, offsetsOnCitus bool
@@ -95,7 +109,7 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 			return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.messages.table, withDetail(err)))
 		}
 	}
-	ls := &layouts{messages: plainLayout{plainPlacement(s.messages.lockTimeoutMS)}, offsets: plainPlacement(s.messages.lockTimeoutMS)}
+	ls := &layouts{messages: plainLayout{plainPlacement(s.messages.lockTimeoutMS)}, offsets: plainPlacement(s.messages.lockTimeoutMS), at: time.Now()}
 	switch {
 	case messagesOnCitus && partitioned:
 		return nil, fmt.Errorf("pgdedup: %s is partitioned and distributed by Citus: the Partitioned layout runs on plain PostgreSQL only", s.messages.table)

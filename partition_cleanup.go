@@ -171,9 +171,10 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 	if err != nil {
 		return nil, err
 	}
-	have := map[int64]bool{}
-	for _, p := range st.parts {
-		have[p.from.UnixMicro()] = true
+	// A partition may span several spans (the legacy partition of a moved
+	// table, partition_move.go): nothing may overlap it.
+	covered := func(from time.Time) bool {
+		return slices.ContainsFunc(st.parts, func(p partitionInfo) bool { return !from.Before(p.from) && from.Before(p.to) })
 	}
 	var created []PartitionSpan
 	// One partition for the past (back, in whole spans), when there is none:
@@ -184,7 +185,7 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 	}
 	for k := range partitionsAhead + 1 {
 		from := st.current.Add(time.Duration(k) * st.span)
-		if !have[from.UnixMicro()] {
+		if !covered(from) {
 			created = append(created, PartitionSpan{Name: partitionName(st.name, from), From: from.UTC(), To: from.Add(st.span).UTC()})
 		}
 	}

@@ -2,18 +2,11 @@ package pgdedup
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// ErrTableNotEmpty is returned, wrapped with the table's name, by
-// [Store.Setup] asked for the [Partitioned] layout on a plain table that
-// already holds IDs: Setup replaces only an empty plain table (docs/partitioning.md
-// describes moving a populated one).
-var ErrTableNotEmpty = errors.New("pgdedup: the table holds rows")
 
 // Setup makes the dedup table the shape [Config.Layout] asks for. With
 // [Plain] it does nothing ([Migrate] makes the plain table). With
@@ -24,11 +17,20 @@ var ErrTableNotEmpty = errors.New("pgdedup: the table holds rows")
 // and creates the partitions for the next spans, and one for the past
 // Retention (for IDs imported with their times: see docs/partitioning.md). Run it once
 // after Migrate,
-// as the table's owner, before any consumer claims: it is idempotent, and on
+// as the table's owner: it is idempotent, and on
 // a table already partitioned it only creates missing partitions.
 //
-// A plain table that holds rows is left as it is and Setup returns
-// [ErrTableNotEmpty]. On a table Citus distributes it returns an error: the
+// A plain table that holds rows is moved online while consumers claim: it
+// becomes the partition of all claim times before a switch time T, at least
+// 10 minutes and one partition span ahead, logged ([Config.Logger]) and
+// shown by [Store.Stats] as that partition's end. A claim waits for the move
+// at most one lock attempt of 200 ms and the short transaction that follows. A row at or after T, or a lock not
+// taken by 5 minutes before T, leaves the table as it was, with an error.
+// Stores look a plain table up again every minute and so follow the move;
+// a process running an older pgdedup release claims exactly only until T,
+// and must be stopped by then. [SetupMigration] runs Setup from goose.
+//
+// On a table Citus distributes it returns an error: the
 // Partitioned layout is plain PostgreSQL only.
 //
 // A role granted INSERT on the table later also needs SELECT on
@@ -56,6 +58,18 @@ func (s *Store) Setup(ctx context.Context) error {
 		}
 	}
 	span := s.cfg.Retention / time.Duration(s.cfg.Partitions)
+	if populated, err := s.populatedPlain(ctx); err != nil {
+		return err
+	} else if populated {
+		// Moved online, without the lock below, which claims would queue
+		// behind; the old table covers the past.
+		if _, err := s.movePopulated(ctx, span); err != nil {
+			return err
+		}
+		s.found.Store(nil)
+		_, err := s.createPartitions(ctx, 0)
+		return err
+	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '5s', true)`)
@@ -67,11 +81,13 @@ func (s *Store) Setup(ctx context.Context) error {
 	b.Queue(s.setupSQL(span))
 	b.Queue(`COMMIT`)
 	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
-		if code, _ := sqlState(err); code == "PGD01" {
-			return fmt.Errorf("%w: pgdedup: setup %s: it holds IDs; Setup replaces only an empty table (see docs/partitioning.md to move a populated one)",
-				ErrTableNotEmpty, s.messages.table)
+		if code, _ := sqlState(err); code != "PGD01" {
+			return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
 		}
-		return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+		// Rows came in since populatedPlain looked: moved online.
+		if _, err := s.movePopulated(ctx, span); err != nil {
+			return err
+		}
 	}
 	s.found.Store(nil) // look the layout up again
 	// Partitions for the past Retention too, for IDs imported with their

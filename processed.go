@@ -35,6 +35,7 @@ type Store struct {
 	found         atomic.Pointer[layouts] // looked up on first use: see Store.layouts
 
 	waits partitionWaits // partition_cleanup.go
+	move  moveTimes      // partition_move.go
 
 	turn turnWatch // Cleanup runs that found the cleaners' turn taken: cleanup_turn.go
 }

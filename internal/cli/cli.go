@@ -17,6 +17,8 @@ Usage:
 
 Commands:
   migrate up|down|status|sql   apply, revert or show pgdedup's migrations
+  setup --partitions N --retention D
+                               make the table partitioned (moves a populated one)
   cleanup [--batch N] [--dry-run]
                                delete expired message IDs (for cron)
   stats [--json]               rows per consumer, expiry, table size
@@ -34,7 +36,7 @@ server's certificate and name (require only encrypts). The demo, given
 neither, uses a server on localhost:5432 or else starts a throwaway one from
 the local PostgreSQL binaries.
 
-cleanup, stats, lookup, forget and import take --table (default ` + pgdedup.DefaultTable + `,
+setup, cleanup, stats, lookup, forget and import take --table (default ` + pgdedup.DefaultTable + `,
 optionally schema.table); cleanup and stats cover every consumer in it.
 Run "pgdedup <command> --help" for a command's flags and examples.
 `
@@ -53,6 +55,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "migrate":
 		return runMigrate(ctx, rest, stdout, stderr)
+	case "setup":
+		return runSetup(ctx, rest, stdout, stderr)
 	case "cleanup":
 		return runCleanup(ctx, rest, stdout, stderr)
 	case "stats":
