@@ -42,17 +42,32 @@ func (s *Store) Setup(ctx context.Context) error {
 		return nil
 	}
 	span := s.cfg.Retention / time.Duration(s.cfg.Partitions)
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
-	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '5s', true)`)
-	b.Queue(`CREATE TABLE IF NOT EXISTS ` + s.partitionMeta + ` (
+	send := func() error {
+		b := &pgx.Batch{}
+		b.Queue(`BEGIN`)
+		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '5s', true)`)
+		b.Queue(`CREATE TABLE IF NOT EXISTS ` + s.partitionMeta + ` (
     parent regclass    PRIMARY KEY,
     span   interval    NOT NULL,
     sealed timestamptz NOT NULL
 )`)
-	b.Queue(s.setupSQL(span))
-	b.Queue(`COMMIT`)
-	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
+		b.Queue(s.setupSQL(span))
+		b.Queue(`COMMIT`)
+		return s.db.SendBatch(ctx, b).Close()
+	}
+	err := send()
+	// On Citus, Setups of other tables at the same time (dropping and
+	// distributing tables in one shard group) may deadlock, and Citus then
+	// cancels one: it changed nothing, try again.
+	for try := 1; try < 5 && isCode(err, "40P01"); try++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+		}
+		err = send()
+	}
+	if err != nil {
 		if code, _ := sqlState(err); code == "PGD01" {
 			return fmt.Errorf("%w: pgdedup: setup %s: it holds IDs; Setup replaces only an empty table (see docs/partitioning.md to move a populated one)",
 				ErrTableNotEmpty, s.messages.table)
@@ -61,7 +76,7 @@ func (s *Store) Setup(ctx context.Context) error {
 	}
 	// On Citus, the claim function (see partitionFuncSQL).
 	var distributed bool
-	err := s.db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&distributed)
+	err = s.db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&distributed)
 	if err == nil && distributed {
 		err = s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))`,
 			s.messages.table).Scan(&distributed)
@@ -79,6 +94,12 @@ func (s *Store) Setup(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// isCode reports whether err is a database error of SQLSTATE code.
+func isCode(err error, code string) bool {
+	c, _ := sqlState(err)
+	return err != nil && c == code
 }
 
 // setupSQL is the DO block that replaces the empty plain table by the
