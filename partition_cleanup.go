@@ -20,7 +20,9 @@ import (
 // partition and its indexes lock only the new table, ATTACH and DETACH …
 // CONCURRENTLY take SHARE UPDATE EXCLUSIVE on the parent (claims take ROW
 // EXCLUSIVE, which it does not conflict with), and DROP TABLE locks only the
-// detached partition, which no claim reads any more.
+// detached partition, which no claim reads any more. On Citus, which refuses
+// DETACH … CONCURRENTLY, the plain DETACH holds claims up to its lock
+// timeout per node (detachCitus).
 
 // partitionsAhead is how many partitions after the current one Cleanup keeps
 // created: claims fail (no partition for their time) if no Cleanup runs for
@@ -285,12 +287,18 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 // waits up to d for all of them to end, polling pg_locks (it holds no lock
 // itself). It returns how many were still open when it gave up.
 func (s *Store) waitLockers(ctx context.Context, d time.Duration) (waiting int, err error) {
-	// A lock on the table, or a claim's advisory lock on Citus (see
-	// partitionClaimLockClass).
+	// A lock on the table in a mode claims take, or a claim's advisory lock on
+	// Citus (see partitionClaimLockClass); not a cleaner creating partitions
+	// (it holds the cleaners' turn), which on Citus takes long enough to hold
+	// sealing up.
+	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
 	from := `FROM pg_catalog.pg_locks WHERE database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
-AND (locktype = 'relation' AND relation = '` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid
+AND virtualtransaction NOT IN (SELECT virtualtransaction FROM pg_catalog.pg_locks WHERE locktype = 'advisory'
+AND classid = ` + cleanupLockClass + `::pg_catalog.oid AND objid = ` + oid + ` AND objsubid = 2 AND mode = 'ExclusiveLock')
+AND (locktype = 'relation' AND relation = ` + oid + `
+AND mode IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock')
 OR locktype = 'advisory' AND classid = ` + partitionClaimLockClass + `::pg_catalog.oid
-AND objid = '` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid AND objsubid = 2)`
+AND objid = ` + oid + ` AND objsubid = 2)`
 	var listed []string
 	if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
 		` AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()`).Scan(&listed); err != nil {

@@ -28,8 +28,12 @@ var ErrTableNotEmpty = errors.New("pgdedup: the table holds rows")
 // a table already partitioned it only creates missing partitions.
 //
 // A plain table that holds rows is left as it is and Setup returns
-// [ErrTableNotEmpty]. On a table Citus distributes it returns an error: the
-// Partitioned layout is plain PostgreSQL only.
+// [ErrTableNotEmpty]. On a table Citus distributes, Setup distributes the
+// partitioned table by the same column, in the same shard group (co-located
+// with the business tables that were), and creates the function claims call
+// there (pgdedup_partitioned_claim, in the table's schema): see
+// docs/partitioning.md. Run it before distributing the business tables
+// co-located with it, or after: both keep them co-located.
 //
 // A role granted INSERT on the table later also needs SELECT on
 // pgdedup_partitions, which every claim reads.

@@ -33,6 +33,16 @@ import (
 //     snapshot is later) sees their rows. Two claims that do not see the same
 //     seal share at least one unsealed partition, whose unique index makes
 //     the second wait for the first and then skip.
+//
+// On Citus (newCitusPartitionedLayout) the same holds with the claim's
+// shared advisory lock on the coordinator for its lock on the table: the
+// claim takes it before it reads the coordinator's clock, sealing lists and
+// waits for its holders as for the table's lockers, and Citus commits (or
+// prepares and commits) a transaction's shards before the coordinator
+// releases its locks. A claim that sees a seal reads the shard afterwards,
+// and so sees the rows of every claim sealing waited for. The exception is a
+// two-phase commit whose COMMIT PREPARED failed: its rows stay invisible until
+// Citus recovers it.
 
 // partitionedLayout is processed_messages partitioned by claim time, on one
 // PostgreSQL server or distributed by Citus (placement says which).
