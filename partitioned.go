@@ -218,7 +218,9 @@ func (l partitionedLayout) transient(err error) error {
 // sealing waits for as for a lock on the table, reads sealed and the span,
 // then the coordinator's clock; looks the key up in the sealed partitions;
 // inserts it into each unsealed partition older than the current one,
-// stopping at the first that had it; and then into the current one.
+// stopping at the first that had it; and then into the current one. A batch
+// with no unsealed partition before the current one (all but just after a
+// switch) is one look-up of its keys and one multi-row insert.
 // Citus commits a transaction's shards before the coordinator lets go of its
 // locks, so a claim's rows are committed when sealing sees its lock gone.
 
@@ -254,6 +256,8 @@ DECLARE
     n      bigint;
     i      int;
     ok     boolean;
+    seen   uuid[];
+    vals   text;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(` + partitionClaimLockClass + `, t::oid::int4);
     EXECUTE format('SELECT span, sealed FROM %s WHERE parent = $1', meta) INTO span, sealed USING t;
@@ -262,6 +266,21 @@ BEGIN
         at := NULL; -- no partition for it: the insert fails and says so
     ELSE
         lo := date_bin(span, at, ` + partitionOrigin + `);
+    END IF;
+    -- A batch with no unsealed partition before the current one (all but
+    -- just after a switch): one look-up, one multi-row insert, which Citus
+    -- routes row by row, shard after shard.
+    IF array_length(ids, 1) > 1 AND at IS NOT NULL AND sealed >= lo THEN
+        EXECUTE format('SELECT coalesce(array_agg(key), ''{}'') FROM %s
+            WHERE key = ANY ($1) AND consumer = $2 AND message_id = ANY ($3) AND processed_at < $4', t)
+            INTO seen USING keys, c, ids, sealed;
+        SELECT string_agg(format('(%L::uuid, %L, %L, %L::timestamptz, %L::timestamptz, %L::bytea)', u.k, c, u.id, at, exp, fp), ', ' ORDER BY u.n)
+            INTO vals FROM unnest(keys, ids) WITH ORDINALITY AS u(k, id, n) WHERE u.k <> ALL (seen);
+        IF vals IS NOT NULL THEN
+            RETURN QUERY EXECUTE format('INSERT INTO %s (key, consumer, message_id, processed_at, expires_at, fingerprint)
+                VALUES %s ON CONFLICT DO NOTHING RETURNING message_id', t, vals);
+        END IF;
+        RETURN;
     END IF;
     FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE key = $1 AND consumer = $2 AND message_id = $3 AND processed_at < $4)', t)

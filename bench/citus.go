@@ -180,7 +180,7 @@ WHERE shouldhaveshards AND noderole = 'primary' ORDER BY nodeid LIMIT 1`).Scan(&
 		claimBatches(ctx, "plain PostgreSQL: ClaimBatch (INSERT … SELECT FROM unnest)", plain, ""),
 		claimBatches(ctx, "Citus: ClaimBatch (multi-row VALUES, sequential shard by shard)", cit, ""),
 		claimBatches(ctx, "Citus: before (INSERT … SELECT FROM unnest, pulled through the coordinator)", cit, unnestBatch),
-		claimBatches(ctx, "Citus, Partitioned layout: ClaimBatch (the claim function, ID by ID)", part, ""),
+		claimBatches(ctx, "Citus, Partitioned layout: ClaimBatch (the claim function: one look-up, one multi-row insert)", part, ""),
 	}
 
 	for _, c := range []struct {
