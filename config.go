@@ -220,8 +220,8 @@ const (
 	// Partitioned is a table partitioned by claim time, one partition per
 	// Retention ÷ [Config.Partitions]: a claim writes to the current
 	// partition's small index, and Cleanup forgets old IDs by dropping whole
-	// partitions. Plain PostgreSQL only (not Citus). See [Store.Setup] and
-	// docs/partitioning.md.
+	// partitions, on plain PostgreSQL or a table Citus distributes. See
+	// [Store.Setup] and docs/partitioning.md.
 	Partitioned
 )
 

@@ -112,7 +112,7 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 	ls := &layouts{messages: plainLayout{plainPlacement(s.messages.lockTimeoutMS)}, offsets: plainPlacement(s.messages.lockTimeoutMS), at: time.Now()}
 	switch {
 	case messagesOnCitus && partitioned:
-		return nil, fmt.Errorf("pgdedup: %s is partitioned and distributed by Citus: the Partitioned layout runs on plain PostgreSQL only", s.messages.table)
+		ls.messages = newCitusPartitionedLayout(s.messages, s.partitionMeta, s.partitionFunc)
 	case messagesOnCitus:
 		ls.messages = newCitusLayout(s.messages)
 	case partitioned:

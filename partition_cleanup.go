@@ -20,7 +20,9 @@ import (
 // partition and its indexes lock only the new table, ATTACH and DETACH …
 // CONCURRENTLY take SHARE UPDATE EXCLUSIVE on the parent (claims take ROW
 // EXCLUSIVE, which it does not conflict with), and DROP TABLE locks only the
-// detached partition, which no claim reads any more.
+// detached partition, which no claim reads any more. On Citus, which refuses
+// DETACH … CONCURRENTLY, the plain DETACH holds claims up to its lock
+// timeout per node (detachCitus).
 
 // partitionsAhead is how many partitions after the current one Cleanup keeps
 // created: claims fail (no partition for their time) if no Cleanup runs for
@@ -49,12 +51,14 @@ type partitionWaits struct {
 // partitionState is the table's row in pgdedup_partitions and its
 // partitions, as one Cleanup run reads them.
 type partitionState struct {
-	span    time.Duration
-	sealed  time.Time // every partition ending at or before it is sealed
-	current time.Time // where the partition of the database's clock starts
-	schema  string    // the parent's schema and name
-	name    string
-	parts   []partitionInfo // by start
+	span        time.Duration
+	sealed      time.Time // every partition ending at or before it is sealed
+	current     time.Time // where the partition of the database's clock starts
+	schema      string    // the parent's schema and name
+	name        string
+	parts       []partitionInfo // by start
+	citus       bool            // Citus is installed
+	distributed string          // the column Citus distributes the table by, or ""
 }
 
 // partitionInfo is one partition of the table.
@@ -81,6 +85,13 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE p.parent = '`+s.messages.table+`'::pg_catalog.regclass`).Scan(&st.span, &st.sealed, &st.current, &st.schema, &st.name)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgdedup: %s is partitioned but %s has no row for it: run Store.Setup", s.messages.table, s.partitionMeta)
+	}
+	if err == nil {
+		err = s.db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&st.citus)
+	}
+	if err == nil && st.citus {
+		err = s.db.QueryRow(ctx, `SELECT coalesce((SELECT pg_catalog.column_to_column_name(logicalrelid, partkey)
+FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::pg_catalog.regclass), '')`, s.messages.table).Scan(&st.distributed)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pgdedup: read the partitioning of %s: %w", s.messages.table, withDetail(err))
@@ -234,12 +245,17 @@ $pgdedup$`
 // UPDATE EXCLUSIVE on the parent: claims go on).
 func createPartitionSQL(parent string, st *partitionState, name string, from, to time.Time) string {
 	q := st.quoted(name)
+	// Citus wants the distribution column in every unique index.
+	unique := "key"
+	if st.distributed != "" && st.distributed != "key" {
+		unique += ", " + pgx.Identifier{st.distributed}.Sanitize()
+	}
 	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
 	return `    IF NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
                    WHERE i.inhparent OPERATOR(pg_catalog.=) '` + parent + `'::pg_catalog.regclass::pg_catalog.oid
                    AND c.relname OPERATOR(pg_catalog.=) '` + name + `'::pg_catalog.name) THEN
         CREATE TABLE IF NOT EXISTS ` + q + ` (LIKE ` + parent + ` INCLUDING DEFAULTS);
-        CREATE UNIQUE INDEX IF NOT EXISTS ` + pgx.Identifier{name + "_key"}.Sanitize() + ` ON ` + q + ` (key);
+        CREATE UNIQUE INDEX IF NOT EXISTS ` + pgx.Identifier{name + "_key"}.Sanitize() + ` ON ` + q + ` (` + unique + `);
         CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{name + "_exp"}.Sanitize() + ` ON ` + q + ` (expires_at);
         ALTER TABLE ` + parent + ` ATTACH PARTITION ` + q + ` FOR VALUES FROM (` + bound(from) + `) TO (` + bound(to) + `);
     END IF;
@@ -290,9 +306,18 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 // waits up to d for all of them to end, polling pg_locks (it holds no lock
 // itself). It returns those still open when it gave up (virtualtransaction).
 func (s *Store) waitLockers(ctx context.Context, d time.Duration) (open []string, err error) {
-	from := `FROM pg_catalog.pg_locks WHERE locktype = 'relation'
-AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
-AND relation = '` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
+	// A lock on the table in a mode claims take, or a claim's advisory lock on
+	// Citus (see partitionClaimLockClass); not a cleaner creating partitions
+	// (it holds the cleaners' turn), which on Citus takes long enough to hold
+	// sealing up.
+	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
+	from := `FROM pg_catalog.pg_locks WHERE database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
+AND virtualtransaction NOT IN (SELECT virtualtransaction FROM pg_catalog.pg_locks WHERE locktype = 'advisory'
+AND classid = ` + cleanupLockClass + `::pg_catalog.oid AND objid = ` + oid + ` AND objsubid = 2 AND mode = 'ExclusiveLock')
+AND (locktype = 'relation' AND relation = ` + oid + `
+AND mode IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock')
+OR locktype = 'advisory' AND classid = ` + partitionClaimLockClass + `::pg_catalog.oid
+AND objid = ` + oid + ` AND objsubid = 2)`
 	var listed []string
 	if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
 		` AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()`).Scan(&listed); err != nil {
@@ -378,7 +403,7 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 		}
 	} else {
 		var live bool
-		if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
+		if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
 			return false, true, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
 		}
 		if live {
@@ -389,7 +414,11 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 	// Marked first, so that a run stopped before its DROP TABLE leaves a
 	// table the next one recognizes (partition_orphans.go).
 	err = s.markDetach(ctx, st, p)
-	if err == nil {
+	switch {
+	case err != nil:
+	case st.distributed != "":
+		err = s.detachCitus(ctx, st, p)
+	default:
 		err = s.execAlone(ctx, wait, detach)
 	}
 	switch code, _ := sqlState(err); {
@@ -405,6 +434,27 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 	default:
 		return false, true, fmt.Errorf("pgdedup: detach partition %s: %w", p.name, withDetail(err))
 	}
+}
+
+// citusDetachLockTimeout bounds how long a DETACH on Citus waits for each
+// lock it takes; claims queue behind it meanwhile.
+const citusDetachLockTimeout = 500 * time.Millisecond
+
+// detachCitus detaches p from a table Citus distributes, which refuses
+// DETACH … CONCURRENTLY: a plain DETACH, which takes ACCESS EXCLUSIVE on the
+// parent, on the coordinator and then on the workers' shards. Every lock it
+// waits for is bounded by citusDetachLockTimeout (SET LOCAL, which Citus
+// passes on to the workers), so a claim waits at most that long per node
+// behind it, plus the detach itself (catalog changes only). Given up, the
+// next run tries again.
+func (s *Store) detachCitus(ctx context.Context, st *partitionState, p partitionInfo) error {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(`SELECT pg_catalog.set_config('citus.propagate_set_commands', 'local', true)`)
+	b.Queue(fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, citusDetachLockTimeout.Milliseconds()))
+	b.Queue(`ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + st.quoted(p.name))
+	b.Queue(`COMMIT`)
+	return s.db.SendBatch(ctx, b).Close()
 }
 
 // dropDetached drops p once detached, waiting for its lock at most 2s.
@@ -470,12 +520,14 @@ func (s *Store) partitionedSizes(ctx context.Context, stats *Stats) error {
 	if err != nil {
 		return err
 	}
-	rows, _ := s.db.Query(ctx, `SELECT tableoid, count(*) FROM `+s.messages.table+` GROUP BY 1`)
 	counts := map[uint32]int64{}
 	var oid uint32
 	var n int64
-	if _, err := pgx.ForEachRow(rows, []any{&oid, &n}, func() error { counts[oid] = n; return nil }); err != nil {
-		return fmt.Errorf("pgdedup: stats of %s: count rows per partition: %w", s.messages.table, withDetail(err))
+	if st.distributed == "" {
+		rows, _ := s.db.Query(ctx, `SELECT tableoid, count(*) FROM `+s.messages.table+` GROUP BY 1`)
+		if _, err := pgx.ForEachRow(rows, []any{&oid, &n}, func() error { counts[oid] = n; return nil }); err != nil {
+			return fmt.Errorf("pgdedup: stats of %s: count rows per partition: %w", s.messages.table, withDetail(err))
+		}
 	}
 	stats.PartitionSpan = st.span
 	stats.SealedBefore = ptr(st.sealed.UTC())
@@ -484,9 +536,20 @@ func (s *Store) partitionedSizes(ctx context.Context, stats *Stats) error {
 		q := st.quoted(p.name)
 		ps := PartitionStats{Name: p.name, From: p.from.UTC(), To: p.to.UTC(), Sealed: !p.to.After(st.sealed), Detaching: p.pending}
 		var tb, ib, dead int64
-		err := s.db.QueryRow(ctx, `SELECT pg_catalog.pg_table_size(r), pg_catalog.pg_indexes_size(r),
+		sizes := `SELECT pg_catalog.pg_table_size(r), pg_catalog.pg_indexes_size(r),
 coalesce((SELECT n_dead_tup FROM pg_catalog.pg_stat_user_tables WHERE relid = r), 0)
-FROM pg_catalog.to_regclass($1::text) r`, q).Scan(&tb, &ib, &dead)
+FROM pg_catalog.to_regclass($1::text) r`
+		if st.distributed != "" {
+			// Citus: the shards' sizes and rows (a shard's tableoid is the
+			// worker's); dead tuples are the workers'.
+			sizes = `SELECT citus_table_size(r), citus_total_relation_size(r) - citus_table_size(r), 0::bigint
+FROM pg_catalog.to_regclass($1::text) r`
+			if err := s.db.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&n); err != nil {
+				return fmt.Errorf("pgdedup: stats of %s: partition %s: %w", s.messages.table, p.name, withDetail(err))
+			}
+			counts[p.oid] = n
+		}
+		err := s.db.QueryRow(ctx, sizes, q).Scan(&tb, &ib, &dead)
 		if err != nil {
 			return fmt.Errorf("pgdedup: stats of %s: partition %s: %w", s.messages.table, p.name, withDetail(err))
 		}

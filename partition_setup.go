@@ -30,8 +30,12 @@ import (
 // a process running an older pgdedup release claims exactly only until T,
 // and must be stopped by then. [SetupMigration] runs Setup from goose.
 //
-// On a table Citus distributes it returns an error: the
-// Partitioned layout is plain PostgreSQL only.
+// On a table Citus distributes, Setup replaces the empty table by a
+// partitioned one distributed by the same column, in the same shard group
+// (co-located with the business tables that were), and creates the function
+// claims call there (pgdedup_partitioned_claim, in the table's schema): see
+// docs/partitioning.md. A populated distributed table is refused: the move
+// runs on plain PostgreSQL only.
 //
 // A role granted INSERT on the table later also needs SELECT on
 // pgdedup_partitions, which every claim reads.
@@ -43,24 +47,19 @@ func (s *Store) Setup(ctx context.Context) error {
 	if s.cfg.Layout != Partitioned {
 		return nil
 	}
-	var citus, distributed bool
-	if err := s.db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citus); err != nil {
-		return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
-	}
-	if citus {
-		err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))`,
-			s.messages.table).Scan(&distributed)
-		if err != nil {
-			return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
-		}
-		if distributed {
-			return fmt.Errorf("pgdedup: setup %s: the table is distributed by Citus, and the Partitioned layout runs on plain PostgreSQL only", s.messages.table)
-		}
-	}
 	span := s.cfg.Retention / time.Duration(s.cfg.Partitions)
-	if populated, err := s.populatedPlain(ctx); err != nil {
+	wasDistributed, err := s.distributed(ctx)
+	if err != nil {
 		return err
-	} else if populated {
+	}
+	populated, err := s.populatedPlain(ctx)
+	switch {
+	case err != nil:
+		return err
+	case populated && wasDistributed:
+		return fmt.Errorf("pgdedup: setup %s: the table is distributed by Citus and holds IDs: moving a populated table runs on plain PostgreSQL only "+
+			"(on Citus Setup replaces an empty table)", s.messages.table)
+	case populated:
 		// Moved online, without the lock below, which claims would queue
 		// behind; the old table covers the past.
 		if _, err := s.movePopulated(ctx, span); err != nil {
@@ -70,23 +69,46 @@ func (s *Store) Setup(ctx context.Context) error {
 		_, err := s.createPartitions(ctx, 0)
 		return err
 	}
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
-	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '5s', true)`)
-	b.Queue(`CREATE TABLE IF NOT EXISTS ` + s.partitionMeta + ` (
+	send := func() error {
+		b := &pgx.Batch{}
+		b.Queue(`BEGIN`)
+		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '5s', true)`)
+		b.Queue(`CREATE TABLE IF NOT EXISTS ` + s.partitionMeta + ` (
     parent regclass    PRIMARY KEY,
     span   interval    NOT NULL,
     sealed timestamptz NOT NULL
 )`)
-	b.Queue(s.setupSQL(span))
-	b.Queue(`COMMIT`)
-	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
-		if code, _ := sqlState(err); code != "PGD01" {
+		b.Queue(s.setupSQL(span))
+		b.Queue(`COMMIT`)
+		return s.db.SendBatch(ctx, b).Close()
+	}
+	err = send()
+	// On Citus, Setups of other tables at the same time (dropping and
+	// distributing tables in one shard group) may deadlock, and Citus then
+	// cancels one: it changed nothing, try again.
+	for try := 1; try < 5 && isCode(err, "40P01"); try++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+		}
+		err = send()
+	}
+	if err != nil {
+		if code, _ := sqlState(err); code != "PGD01" || wasDistributed {
 			return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
 		}
 		// Rows came in since populatedPlain looked: moved online.
 		if _, err := s.movePopulated(ctx, span); err != nil {
 			return err
+		}
+	}
+	// On Citus, the claim function (see partitionFuncSQL).
+	if isDistributed, err := s.distributed(ctx); err != nil {
+		return err
+	} else if isDistributed {
+		if err := s.exec(ctx, partitionFuncSQL(s.partitionFunc)); err != nil {
+			return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
 		}
 	}
 	s.found.Store(nil) // look the layout up again
@@ -96,6 +118,26 @@ func (s *Store) Setup(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// distributed reports whether Citus distributes the table.
+func (s *Store) distributed(ctx context.Context) (bool, error) {
+	var citus, distributed bool
+	err := s.db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citus)
+	if err == nil && citus {
+		err = s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))`,
+			s.messages.table).Scan(&distributed)
+	}
+	if err != nil {
+		return false, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+	}
+	return distributed, nil
+}
+
+// isCode reports whether err is a database error of SQLSTATE code.
+func isCode(err error, code string) bool {
+	c, _ := sqlState(err)
+	return err != nil && c == code
 }
 
 // setupSQL is the DO block that replaces the empty plain table by the
@@ -115,15 +157,38 @@ DECLARE
     nsp pg_catalog.name;
     rel pg_catalog.name;
     g   record;
+    col pg_catalog.text;    -- Citus: the distribution column
+    co  pg_catalog.text;    -- Citus: how to place the new table's shards
+    pm  pg_catalog."char";
+    trg pg_catalog.bool;
 BEGIN
     IF t IS NULL THEN
         RAISE EXCEPTION 'table ` + t + ` not found: run pgdedup.Migrate first';
     END IF;
     IF (SELECT relkind FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) t::pg_catalog.oid) OPERATOR(pg_catalog.<>) 'p' THEN
+        -- On Citus, the same distribution column and shards (co-located
+        -- with the business tables that were co-located with it).
+        IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+            EXECUTE $q$SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey),
+                coalesce((SELECT pg_catalog.format('colocate_with => %L', o.logicalrelid::pg_catalog.text)
+                          FROM pg_catalog.pg_dist_partition o WHERE o.colocationid OPERATOR(pg_catalog.=) p.colocationid
+                          AND o.logicalrelid OPERATOR(pg_catalog.<>) p.logicalrelid LIMIT 1),
+                         pg_catalog.format('shard_count => %s', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_shard s
+                                                                WHERE s.logicalrelid OPERATOR(pg_catalog.=) p.logicalrelid))),
+                p.partmethod
+                FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1$q$ INTO col, co, pm USING t;
+            IF pm IS NOT NULL AND pm OPERATOR(pg_catalog.<>) 'h' THEN
+                RAISE EXCEPTION 'table ` + t + ` is a Citus table not distributed by hash: the Partitioned layout needs it distributed by a column (see docs/citus.md)';
+            END IF;
+            PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+            PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+        END IF;
         LOCK TABLE ` + t + ` IN ACCESS EXCLUSIVE MODE;
-        IF EXISTS (SELECT FROM ` + t + `) THEN
+        IF EXISTS (SELECT 1 FROM ` + t + `) THEN -- (Citus refuses a SELECT without columns)
             RAISE EXCEPTION USING ERRCODE = 'PGD01', MESSAGE = 'table ` + t + ` holds rows';
         END IF;
+        trg := EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid OPERATOR(pg_catalog.=) t::pg_catalog.oid
+                       AND tgname OPERATOR(pg_catalog.=) 'processed_messages_fill_key');
         SELECT c.relacl, n.nspname, c.relname INTO acl, nsp, rel
         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
         WHERE c.oid OPERATOR(pg_catalog.=) t::pg_catalog.oid;
@@ -133,10 +198,16 @@ BEGIN
         EXECUTE pg_catalog.format('DROP TABLE %I.%I', nsp, rel);
         EXECUTE pg_catalog.format('ALTER TABLE %I.pgdedup_partitioned_new RENAME TO %I', nsp, rel);
         -- 00003's trigger, which fills key for raw-SQL inserts, from the
-        -- table's schema, where Migrate put it.
-        EXECUTE pg_catalog.format('CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON %I.%I
-            FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION %I.pgdedup_fill_key()', nsp, rel, nsp);
+        -- table's schema, where Migrate put it (unless it was dropped, as
+        -- distributing by key does).
+        IF trg THEN
+            EXECUTE pg_catalog.format('CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON %I.%I
+                FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION %I.pgdedup_fill_key()', nsp, rel, nsp);
+        END IF;
         t := pg_catalog.to_regclass('` + t + `');
+        IF col IS NOT NULL THEN
+            EXECUTE pg_catalog.format('SELECT pg_catalog.create_distributed_table(%L, %L, %s)', t::pg_catalog.text, col, co);
+        END IF;
         FOR g IN SELECT a.privilege_type, a.grantee, a.is_grantable FROM pg_catalog.aclexplode(acl) a
                  WHERE a.grantee OPERATOR(pg_catalog.<>) a.grantor LOOP
             EXECUTE pg_catalog.format('GRANT %s ON ` + t + ` TO %s%s', g.privilege_type,

@@ -36,9 +36,6 @@ func TestPartitionedSealStarved(t *testing.T) {
 			events <- e
 		}
 	}}) // 2-second partitions
-	if b == nil {
-		return // Citus: refused
-	}
 	ctx := ctxT(t)
 	pgdedup.SetPartitionWaits(b.store, 10*time.Millisecond, 10*time.Millisecond)
 	run := func() (current time.Time, err error) {

@@ -33,17 +33,28 @@ import (
 //     snapshot is later) sees their rows. Two claims that do not see the same
 //     seal share at least one unsealed partition, whose unique index makes
 //     the second wait for the first and then skip.
+//
+// On Citus (newCitusPartitionedLayout) the same holds with the claim's
+// shared advisory lock on the coordinator for its lock on the table: the
+// claim takes it before it reads the coordinator's clock, sealing lists and
+// waits for its holders as for the table's lockers, and Citus commits (or
+// prepares and commits) a transaction's shards before the coordinator
+// releases its locks. A claim that sees a seal reads the shard afterwards,
+// and so sees the rows of every claim sealing waited for. The exception is a
+// two-phase commit whose COMMIT PREPARED failed: its rows stay invisible until
+// Citus recovers it.
 
 // partitionedLayout is processed_messages partitioned by claim time, on one
-// PostgreSQL server.
+// PostgreSQL server or distributed by Citus (placement says which).
 type partitionedLayout struct {
-	plainPlacement
+	placement
 	// claimWith are the claims of one ID by claimVariant, as in
 	// messageStatements: $1 consumer, $2 id, $3 key, then $4 the retention
 	// in microseconds and/or the fingerprint.
 	claimWith  [4]string
 	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
 	lookupSQL  string // $1 consumer, $2 id, $3 key: the newest row
+	citus      bool   // claimWith and claimBatch call the Citus claim function
 }
 
 // partitionOrigin is where partition spans are counted from: partitions
@@ -75,7 +86,7 @@ h AS MATERIALIZED (SELECT g FROM m, pg_catalog.generate_series(m.sealed, m.lo - 
 `
 	cols := ` (key, consumer, message_id, processed_at, expires_at)`
 	l := partitionedLayout{
-		plainPlacement: plainPlacement(m.lockTimeoutMS),
+		placement: plainPlacement(m.lockTimeoutMS),
 		// The same for many keys. Rows go in (partition, key) order, older
 		// partitions first: every claim takes its rows' locks in that one
 		// order, so overlapping batches cannot deadlock.
@@ -112,7 +123,8 @@ ORDER BY processed_at DESC LIMIT 1`,
 		// at run time); the unsealed ones are inserted into, oldest first,
 		// and the current one last, only when every older one took the key.
 		l.claimWith[v] = head + `seen AS MATERIALIZED (
-SELECT EXISTS (SELECT FROM ` + t + ` x WHERE x.key = $3::uuid AND x.processed_at < (SELECT sealed FROM m)) AS found),
+SELECT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
+AND x.processed_at < (SELECT sealed FROM m)) AS found),
 older AS (
 INSERT INTO ` + t + cols + `
 SELECT $3::uuid, $1::text, $2::text, h.g, ` + exp + values + ` FROM h WHERE NOT (SELECT found FROM seen) ORDER BY h.g
@@ -125,10 +137,45 @@ ON CONFLICT DO NOTHING`
 	return l
 }
 
+// newCitusPartitionedLayout is the partitioned layout of a table Citus
+// distributes: its claims call the function partitionFuncSQL makes (fn).
+func newCitusPartitionedLayout(m messageStatements, meta, fn string) partitionedLayout {
+	l := newPartitionedLayout(m, meta)
+	l.placement, l.citus = citusPlacement(m.lockTimeoutMS), true
+	call := func(ids, keys, exp, fp string) string {
+		return `SELECT ` + fn + `('` + m.table + `'::pg_catalog.regclass, '` + meta + `'::pg_catalog.regclass, $1::text, ` +
+			ids + `, ` + keys + `, ` + exp + `, ` + fp + `)`
+	}
+	for v := range l.claimWith {
+		exp, fp, n := m.expires, "NULL", 4
+		if v&claimRetention != 0 {
+			exp = fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
+			n++
+		}
+		if v&claimFingerprint != 0 {
+			fp = fmt.Sprintf("$%d::bytea", n)
+		}
+		l.claimWith[v] = `SELECT count(*) FROM (` + call(`ARRAY[$2::text]`, `ARRAY[$3::uuid]`, exp, fp) + `) f`
+	}
+	l.claimBatch = call(`$2::text[]`, `$3::uuid[]`, m.expires, "NULL")
+	return l
+}
+
 // claimOne is the hand-over claim, with a SELECT after it for a fingerprint
 // or a stored result, as on the plain table (all copies of a claim carry the
 // same values).
 func (l partitionedLayout) claimOne(c *idClaim) []statement {
+	if l.citus {
+		sts := claimOneWith(c, l.claimWith)
+		sts[0].affected = nil
+		sts[0].row = func(scan func(dest ...any) error) error {
+			var n int64
+			err := scan(&n)
+			c.claimed = n == 1
+			return err
+		}
+		return sts
+	}
 	return claimOneWith(c, l.claimWith)
 }
 
@@ -157,5 +204,106 @@ func (l partitionedLayout) transient(err error) error {
 		return fmt.Errorf("%w (partitions are created ahead by Cleanup: run RunCleaner or `pgdedup cleanup` at least every partition span; "+
 			"see docs/partitioning.md)", err)
 	}
-	return err
+	return l.placement.transient(err)
+}
+
+// On Citus the claim is a function on the coordinator, one call per claim
+// (one round trip from the client). Citus refuses the statement above in one
+// piece: its router planner refuses clock_timestamp() in a CTE, and the plan
+// it falls back to sends every CTE to every worker (a two-phase commit per
+// claim) and counts an INSERT … SELECT's conflicting rows as inserted. The
+// function runs the same steps as statements Citus routes to the ID's shard
+// (every one names consumer, message_id and key): it takes a shared advisory
+// lock on the coordinator (partitionClaimLockClass, the table's OID), which
+// sealing waits for as for a lock on the table, reads sealed and the span,
+// then the coordinator's clock; looks the key up in the sealed partitions;
+// inserts it into each unsealed partition older than the current one,
+// stopping at the first that had it; and then into the current one. A batch
+// with no unsealed partition before the current one (all but just after a
+// switch) is one look-up of its keys and one multi-row insert.
+// Citus commits a transaction's shards before the coordinator lets go of its
+// locks, so a claim's rows are committed when sealing sees its lock gone.
+
+// partitionClaimLockClass is the first half of the advisory lock a claim on
+// Citus holds ("pgde"); the second is the table's OID.
+const partitionClaimLockClass = "1885824101"
+
+// partitionFunc returns the quoted name of the Citus claim function beside
+// table.
+func partitionFunc(table pgx.Identifier) string {
+	if len(table) == 2 {
+		return pgx.Identifier{table[0], "pgdedup_partitioned_claim"}.Sanitize()
+	}
+	return pgx.Identifier{"pgdedup_partitioned_claim"}.Sanitize()
+}
+
+// partitionFuncSQL creates the claim function fn: claimed is true when the
+// ID (c, id, k) was not claimed before; ids and keys, when given, claim a
+// batch instead and it returns the new IDs.
+func partitionFuncSQL(fn string) string {
+	return `CREATE OR REPLACE FUNCTION ` + fn + `(t pg_catalog.regclass, meta pg_catalog.regclass, c pg_catalog.text,
+    ids pg_catalog.text[], keys pg_catalog.uuid[], exp pg_catalog.timestamptz, fp pg_catalog.bytea)
+RETURNS SETOF pg_catalog.text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $pgdedup$
+DECLARE
+    span   interval;
+    sealed timestamptz;
+    at     timestamptz;
+    lo     timestamptz;
+    g      timestamptz;
+    n      bigint;
+    i      int;
+    ok     boolean;
+    seen   uuid[];
+    vals   text;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(` + partitionClaimLockClass + `, t::oid::int4);
+    EXECUTE format('SELECT span, sealed FROM %s WHERE parent = $1', meta) INTO span, sealed USING t;
+    at := clock_timestamp();
+    IF span IS NULL THEN
+        at := NULL; -- no partition for it: the insert fails and says so
+    ELSE
+        lo := date_bin(span, at, ` + partitionOrigin + `);
+    END IF;
+    -- A batch with no unsealed partition before the current one (all but
+    -- just after a switch): one look-up, one multi-row insert, which Citus
+    -- routes row by row, shard after shard.
+    IF array_length(ids, 1) > 1 AND at IS NOT NULL AND sealed >= lo THEN
+        EXECUTE format('SELECT coalesce(array_agg(key), ''{}'') FROM %s
+            WHERE key = ANY ($1) AND consumer = $2 AND message_id = ANY ($3) AND processed_at < $4', t)
+            INTO seen USING keys, c, ids, sealed;
+        SELECT string_agg(format('(%L::uuid, %L, %L, %L::timestamptz, %L::timestamptz, %L::bytea)', u.k, c, u.id, at, exp, fp), ', ' ORDER BY u.n)
+            INTO vals FROM unnest(keys, ids) WITH ORDINALITY AS u(k, id, n) WHERE u.k <> ALL (seen);
+        IF vals IS NOT NULL THEN
+            RETURN QUERY EXECUTE format('INSERT INTO %s (key, consumer, message_id, processed_at, expires_at, fingerprint)
+                VALUES %s ON CONFLICT DO NOTHING RETURNING message_id', t, vals);
+        END IF;
+        RETURN;
+    END IF;
+    FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE key = $1 AND consumer = $2 AND message_id = $3 AND processed_at < $4)', t)
+            INTO ok USING keys[i], c, ids[i], sealed;
+        ok := NOT ok;
+        IF ok AND at IS NOT NULL THEN
+            FOR g IN SELECT s FROM generate_series(sealed, lo - span, span) s LOOP
+                EXECUTE format('INSERT INTO %s (key, consumer, message_id, processed_at, expires_at, fingerprint)
+                    VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING', t) USING keys[i], c, ids[i], g, exp, fp;
+                GET DIAGNOSTICS n = ROW_COUNT;
+                ok := n = 1;
+                EXIT WHEN NOT ok;
+            END LOOP;
+        END IF;
+        IF ok THEN
+            EXECUTE format('INSERT INTO %s (key, consumer, message_id, processed_at, expires_at, fingerprint)
+                VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING', t) USING keys[i], c, ids[i], at, exp, fp;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            IF n = 1 THEN
+                RETURN NEXT ids[i];
+            END IF;
+        END IF;
+    END LOOP;
+END
+$pgdedup$`
 }

@@ -32,6 +32,9 @@ type Store struct {
 	// partitionMeta is the quoted pgdedup_partitions beside the table
 	// (partitioned.go).
 	partitionMeta string
+	// partitionFunc is the quoted Citus claim function beside the table
+	// (partitionFuncSQL)
+	partitionFunc string
 	found         atomic.Pointer[layouts] // looked up on first use: see Store.layouts
 
 	waits partitionWaits // partition_cleanup.go
@@ -60,6 +63,7 @@ func New(db DB, cfg Config) (*Store, error) {
 		messages:      newMessageStatements(table, cfg.Retention, cfg.LockTimeout),
 		offsets:       newOffsetStatements(offsetTable),
 		partitionMeta: partitionMeta(table),
+		partitionFunc: partitionFunc(table),
 	}, nil
 }
 

@@ -218,14 +218,14 @@ func TestProcessResultRowDeletedAfterClaim(t *testing.T) {
 	for name := range layouts {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			if pgtest.CitusColumn() != "" {
+				return // Citus refuses triggers on a distributed table
+			}
 			var b *bundle
 			if name == "plain" {
-				if pgtest.CitusColumn() != "" {
-					return // Citus refuses triggers on a distributed table
-				}
 				b = setup(t, pgdedup.Config{})
-			} else if b = setupPartitioned(t, pgdedup.Config{Retention: time.Hour}); b == nil {
-				return // Citus: refused
+			} else {
+				b = setupPartitioned(t, pgdedup.Config{Retention: time.Hour})
 			}
 			ctx := ctxT(t)
 			if res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1")); err != nil || !processed {

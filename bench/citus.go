@@ -28,7 +28,8 @@ import (
 //
 //   - Process at each worker count, in interleaved rounds: on the plain server;
 //     on Citus with the business row co-located with its claim (both tables
-//     distributed by message_id, colocate_with: one single-shard transaction);
+//     distributed by message_id, colocate_with: one single-shard transaction),
+//     also with the dedup table Partitioned;
 //     and on Citus with the business row in a table distributed by another
 //     column (so the two rows usually sit on different workers: 2PC).
 //   - a 1,000-ID ClaimBatch (BEGIN, ClaimBatch, COMMIT), one at a time: on
@@ -43,6 +44,7 @@ var citusScenarios = []struct{ key, title string }{
 	{"colocated", "Citus, business row co-located with the claim"},
 	{"2pc", "Citus, business row on another shard (2PC when on another worker)"},
 	{"via-worker", "Citus, co-located, clients connected to a worker instead of the coordinator"},
+	{"partitioned", "Citus, co-located, the Partitioned layout (docs/partitioning.md)"},
 }
 
 // citusResult is what the citus part measured.
@@ -88,6 +90,22 @@ func (b *bench) runCitus(ctx context.Context, prog *progress) (*citusResult, err
 		return nil, fmt.Errorf("citus at %s: %w", b.cfg.citusURL, err)
 	}
 	defer cit.close()
+	part, err := b.citusSide(ctx, b.cfg.citusURL, maxW, true)
+	if err != nil {
+		return nil, fmt.Errorf("citus at %s: %w", b.cfg.citusURL, err)
+	}
+	defer part.close()
+	// Its table made Partitioned (4-hour partitions, as in
+	// docs/partitioning.md: Setup creates those the run needs), distributed
+	// and co-located as the plain one was.
+	part.store, err = pgdedup.New(part.pool, pgdedup.Config{Consumer: consumer, Retention: retention,
+		Layout: pgdedup.Partitioned, Partitions: 12})
+	if err == nil {
+		err = part.store.Setup(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("citus, partitioned: %w", err)
+	}
 
 	res := &citusResult{process: map[int]map[string]series{}}
 	err = cit.pool.QueryRow(ctx, `SELECT (SELECT 'Citus ' || extversion FROM pg_extension WHERE extname = 'citus'),
@@ -126,6 +144,9 @@ WHERE shouldhaveshards AND noderole = 'primary' ORDER BY nodeid LIMIT 1`).Scan(&
 		"colocated": func(ctx context.Context, id string) error {
 			return processOne(ctx, cit.store, id, ledger)
 		},
+		"partitioned": func(ctx context.Context, id string) error {
+			return processOne(ctx, part.store, id, ledger)
+		},
 		"2pc": func(ctx context.Context, id string) error {
 			return processOne(ctx, cit.store, id, `INSERT INTO ledger_elsewhere (order_id, message_id, amount) VALUES ('order-' || $1, $1, 100)`)
 		},
@@ -159,6 +180,7 @@ WHERE shouldhaveshards AND noderole = 'primary' ORDER BY nodeid LIMIT 1`).Scan(&
 		claimBatches(ctx, "plain PostgreSQL: ClaimBatch (INSERT … SELECT FROM unnest)", plain, ""),
 		claimBatches(ctx, "Citus: ClaimBatch (multi-row VALUES, sequential shard by shard)", cit, ""),
 		claimBatches(ctx, "Citus: before (INSERT … SELECT FROM unnest, pulled through the coordinator)", cit, unnestBatch),
+		claimBatches(ctx, "Citus, Partitioned layout: ClaimBatch (the claim function: one look-up, one multi-row insert)", part, ""),
 	}
 
 	for _, c := range []struct {
