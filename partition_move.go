@@ -210,7 +210,7 @@ func (s *Store) populatedPlain(ctx context.Context) (bool, error) {
 	err := s.db.QueryRow(ctx, `SELECT coalesce((SELECT relkind <> 'p' FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)), false)`,
 		s.messages.table).Scan(&plain)
 	if err == nil && plain {
-		err = s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+s.messages.table+`)`).Scan(&plain)
+		err = s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.messages.table+`)`).Scan(&plain)
 	}
 	if err != nil {
 		return false, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))

@@ -79,13 +79,15 @@ func populate(t *testing.T, b *bundle, s *pgdedup.Store, n int) []string {
 	return ids
 }
 
-// refusedOnCitus checks, in the Citus pass, that Setup refuses the
-// distributed table, and reports whether the test has nothing more to run.
-func refusedOnCitus(t *testing.T, s *pgdedup.Store) bool {
+// refusedOnCitus checks, in the Citus pass, that Setup refuses to move the
+// distributed table once it holds an ID (the move runs on plain PostgreSQL
+// only), and reports whether the test has nothing more to run.
+func refusedOnCitus(t *testing.T, b *bundle, s *pgdedup.Store) bool {
 	t.Helper()
 	if pgtest.CitusColumn() == "" {
 		return false
 	}
+	pgtest.Seed(t, b.pool, "billing", "citus", 1, time.Hour)
 	if err := s.Setup(ctxT(t)); err == nil || !strings.Contains(err.Error(), "plain PostgreSQL only") {
 		t.Fatalf("Setup of a distributed table: %v, want a refusal (plain PostgreSQL only)", err)
 	}
@@ -111,7 +113,7 @@ func TestMoveUnderLoad(t *testing.T) {
 	old := moveStore(t, b, pgdedup.Config{Retention: retention}, 0, -1)
 	plain := moveStore(t, b, pgdedup.Config{Retention: retention}, 0, 20*time.Millisecond)
 	part := moveStore(t, b, pgdedup.Config{Retention: retention, Layout: pgdedup.Partitioned, Partitions: 4}, 4*time.Second, 20*time.Millisecond)
-	if refusedOnCitus(t, part) {
+	if refusedOnCitus(t, b, part) {
 		return
 	}
 	cleaner := moveStore(t, b, pgdedup.Config{Consumer: "keeper", Retention: retention}, 0, 20*time.Millisecond)
@@ -332,7 +334,7 @@ func TestMoveRefusesRowsAfterSwitch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
-	if refusedOnCitus(t, part) {
+	if refusedOnCitus(t, b, part) {
 		return
 	}
 	populate(t, b, b.store, 5)
@@ -372,7 +374,7 @@ func TestMoveGivesUpWhileLocked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, 2*time.Second, 0)
-	if refusedOnCitus(t, part) {
+	if refusedOnCitus(t, b, part) {
 		return
 	}
 	populate(t, b, b.store, 5)
@@ -408,7 +410,7 @@ func TestMoveTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12}, 0, 0)
-	if refusedOnCitus(t, part) {
+	if refusedOnCitus(t, b, part) {
 		return
 	}
 	populate(t, b, b.store, 5)
@@ -477,7 +479,7 @@ func TestMoveKeepsGrants(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour}, 0, 0)
-	if refusedOnCitus(t, part) {
+	if refusedOnCitus(t, b, part) {
 		return
 	}
 	populate(t, b, b.store, 5)
@@ -506,7 +508,7 @@ func TestPlainCleanupOnMovedTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
-	if refusedOnCitus(t, part) {
+	if refusedOnCitus(t, b, part) {
 		return
 	}
 	pgtest.Seed(t, b.pool, "billing", "old", 20, -time.Minute) // expired, from ctid (0,1) on
