@@ -15,7 +15,7 @@ import (
 // by one partitioned by claim time; claims work as on the plain table; Cleanup
 // creates, seals and drops partitions instead of deleting rows.
 func ExampleStore_Setup() {
-	pool, done := pgtest.ForPartitionedExample()
+	pool, done := pgtest.ForExample()
 	defer done()
 	ctx := context.Background()
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing",

@@ -2,6 +2,7 @@ package pgdedup_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -133,7 +134,10 @@ WHERE relnamespace = current_schema()::regnamespace AND relkind IN ('r', 'p')`)
 				t.Fatal(err)
 			}
 			pgdedup.SetPartitionWaits(next, 10*time.Millisecond, 10*time.Second)
-			if _, err := next.Cleanup(ctx); err != nil {
+			// Sealing 2-second partitions with a 10 ms wait may fall a span
+			// behind on a loaded machine (Citus): that is reported, and the
+			// orphan is dropped all the same.
+			if _, err := next.Cleanup(ctx); err != nil && !errors.Is(err, pgdedup.ErrCleanupStarved) {
 				t.Fatal(err)
 			}
 			after := tables()

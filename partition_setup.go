@@ -208,18 +208,7 @@ BEGIN
         IF col IS NOT NULL THEN
             EXECUTE pg_catalog.format('SELECT pg_catalog.create_distributed_table(%L, %L, %s)', t::pg_catalog.text, col, co);
         END IF;
-        FOR g IN SELECT a.privilege_type, a.grantee, a.is_grantable FROM pg_catalog.aclexplode(acl) a
-                 WHERE a.grantee OPERATOR(pg_catalog.<>) a.grantor LOOP
-            EXECUTE pg_catalog.format('GRANT %s ON ` + t + ` TO %s%s', g.privilege_type,
-                CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
-                     ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)::pg_catalog.text) END,
-                CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-            IF g.privilege_type OPERATOR(pg_catalog.=) 'INSERT' THEN
-                EXECUTE pg_catalog.format('GRANT SELECT ON ` + meta + ` TO %s',
-                    CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
-                         ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)::pg_catalog.text) END);
-            END IF;
-        END LOOP;
+` + regrantSQL(t, meta) + `
     END IF;
     DELETE FROM ` + meta + ` m WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) m.parent::pg_catalog.oid);
     INSERT INTO ` + meta + ` (parent, span, sealed)
