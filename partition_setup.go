@@ -158,7 +158,6 @@ DECLARE
     rel pg_catalog.name;
     g   record;
     col pg_catalog.text;    -- Citus: the distribution column
-    co  pg_catalog.text;    -- Citus: how to place the new table's shards
     pm  pg_catalog."char";
     trg pg_catalog.bool;
 BEGIN
@@ -166,17 +165,11 @@ BEGIN
         RAISE EXCEPTION 'table ` + t + ` not found: run pgdedup.Migrate first';
     END IF;
     IF (SELECT relkind FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) t::pg_catalog.oid) OPERATOR(pg_catalog.<>) 'p' THEN
-        -- On Citus, the same distribution column and shards (co-located
-        -- with the business tables that were co-located with it).
+        -- On Citus, the same distribution column, shards and co-location
+        -- group (the business tables co-located with it).
         IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-            EXECUTE $q$SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey),
-                coalesce((SELECT pg_catalog.format('colocate_with => %L', o.logicalrelid::pg_catalog.text)
-                          FROM pg_catalog.pg_dist_partition o WHERE o.colocationid OPERATOR(pg_catalog.=) p.colocationid
-                          AND o.logicalrelid OPERATOR(pg_catalog.<>) p.logicalrelid LIMIT 1),
-                         pg_catalog.format('shard_count => %s', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_shard s
-                                                                WHERE s.logicalrelid OPERATOR(pg_catalog.=) p.logicalrelid))),
-                p.partmethod
-                FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1$q$ INTO col, co, pm USING t;
+            EXECUTE $q$SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey), p.partmethod
+                FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1$q$ INTO col, pm USING t;
             IF pm IS NOT NULL AND pm OPERATOR(pg_catalog.<>) 'h' THEN
                 RAISE EXCEPTION 'table ` + t + ` is a Citus table not distributed by hash: the Partitioned layout needs it distributed by a column (see docs/citus.md)';
             END IF;
@@ -195,19 +188,20 @@ BEGIN
         -- The same columns (00002's included) and defaults, partitioned.
         EXECUTE pg_catalog.format('CREATE TABLE %I.pgdedup_partitioned_new (LIKE %I.%I INCLUDING DEFAULTS) PARTITION BY RANGE (processed_at)',
             nsp, nsp, rel);
-        EXECUTE pg_catalog.format('DROP TABLE %I.%I', nsp, rel);
-        EXECUTE pg_catalog.format('ALTER TABLE %I.pgdedup_partitioned_new RENAME TO %I', nsp, rel);
         -- 00003's trigger, which fills key for raw-SQL inserts, from the
         -- table's schema, where Migrate put it (unless it was dropped, as
         -- distributing by key does).
         IF trg THEN
-            EXECUTE pg_catalog.format('CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON %I.%I
-                FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION %I.pgdedup_fill_key()', nsp, rel, nsp);
+            EXECUTE pg_catalog.format('CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON %I.pgdedup_partitioned_new
+                FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION %I.pgdedup_fill_key()', nsp, nsp);
         END IF;
+        IF col IS NOT NULL THEN -- while the old table is there to co-locate with
+            EXECUTE pg_catalog.format('SELECT pg_catalog.create_distributed_table(%L, %L, colocate_with => %L)',
+                pg_catalog.format('%I.pgdedup_partitioned_new', nsp), col, pg_catalog.format('%I.%I', nsp, rel));
+        END IF;
+        EXECUTE pg_catalog.format('DROP TABLE %I.%I', nsp, rel);
+        EXECUTE pg_catalog.format('ALTER TABLE %I.pgdedup_partitioned_new RENAME TO %I', nsp, rel);
         t := pg_catalog.to_regclass('` + t + `');
-        IF col IS NOT NULL THEN
-            EXECUTE pg_catalog.format('SELECT pg_catalog.create_distributed_table(%L, %L, %s)', t::pg_catalog.text, col, co);
-        END IF;
 ` + regrantSQL(t, meta) + `
     END IF;
     DELETE FROM ` + meta + ` m WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) m.parent::pg_catalog.oid);

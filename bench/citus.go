@@ -240,7 +240,7 @@ func (b *bench) citusSide(ctx context.Context, url string, conns int, distribute
 		`CREATE TABLE ledger_elsewhere (order_id text PRIMARY KEY, message_id text NOT NULL, amount bigint NOT NULL)`,
 	}
 	if distribute {
-		dedup, derr := citusdist.Dedup(`"processed_messages"`, column, b.cfg.citusShards)
+		dedup, derr := citusdist.Dedup(`"processed_messages"`, column, b.cfg.citusShards, "")
 		if derr != nil {
 			err = derr
 		}

@@ -19,7 +19,10 @@ import (
 // test's processed_messages by that column after migrating it, and Distribute
 // distributes the business tables the tests create, so the whole suite runs
 // against distributed tables. TEST_CITUS_SHARDS sets citus.shard_count for
-// them (Citus's default, 32, when unset).
+// them (Citus's default, 32, when unset). Each test's processed_messages has
+// a co-location group of its own, with its business tables: Citus locks a
+// table of the group while it distributes another into it, which would tie
+// one test's sealing (or a dropped schema) to another's setup.
 
 // CitusColumn returns the distribution column of processed_messages named by
 // TEST_CITUS_DISTRIBUTE, or "" when tests run on plain PostgreSQL.
@@ -64,7 +67,7 @@ func distribute(ctx context.Context, admin *pgx.Conn, schema, table, column stri
 	var stmts []string
 	switch {
 	case table == "processed_messages": // the documented way, as pgdedup citus distribute does it
-		if stmts, err = citusdist.Dedup(name, column, 0); err != nil {
+		if stmts, err = citusdist.Dedup(name, column, 0, "none"); err != nil {
 			return err
 		}
 	case colocate:

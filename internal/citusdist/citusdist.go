@@ -30,7 +30,10 @@ type Colocated struct {
 
 // Dedup returns the statements that distribute the dedup table (quoted,
 // possibly schema-qualified) by column, with shards shards (0: the cluster's
-// citus.shard_count). Run them in one transaction on the coordinator, before
+// citus.shard_count), co-located as colocateWith says: "" leaves it to
+// Citus (the default group of its column type and shard count, which holds
+// the business tables distributed the same way), "none" gives it a group of
+// its own. Run them in one transaction on the coordinator, before
 // consumers start, and then Colocate's for the business tables. They are plain
 // SQL, for --sql.
 //
@@ -40,7 +43,7 @@ type Colocated struct {
 // computes the row's key from the row alone. By key it is dropped: Citus
 // routes an insert by its key before any trigger could fill it, so every
 // writer must pass the key (every Store does).
-func Dedup(table, column string, shards int) ([]string, error) {
+func Dedup(table, column string, shards int, colocateWith string) ([]string, error) {
 	if column != "message_id" && column != "key" {
 		return nil, fmt.Errorf("cannot distribute by %q: want message_id or key", column)
 	}
@@ -67,6 +70,9 @@ END
 	opts := ""
 	if shards > 0 {
 		opts = fmt.Sprintf(", shard_count => %d", shards)
+	}
+	if colocateWith != "" {
+		opts += ", colocate_with => " + quoteLiteral(colocateWith)
 	}
 	return append(stmts, fmt.Sprintf("SELECT create_distributed_table(%s, '%s'%s);", lit, column, opts)), nil
 }

@@ -21,7 +21,7 @@ func TestDedupStatementsRunOnTableNamesWithDollars(t *testing.T) {
 	for _, name := range []string{"x$$", "x$pgdedup$", "x$pgdedup$y$pgdedup1$"} {
 		t.Run(name, func(t *testing.T) {
 			pgtest.Exec(t, db.Pool, `CREATE TABLE `+pgx.Identifier{name}.Sanitize()+` (LIKE processed_messages INCLUDING ALL)`)
-			stmts, err := citusdist.Dedup(citusdist.QuoteName(name), "message_id", 0)
+			stmts, err := citusdist.Dedup(citusdist.QuoteName(name), "message_id", 0, "")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,7 +9,7 @@ import (
 // trigger is kept (unsafe triggers allowed) and the primary key re-keyed; by
 // key the trigger is dropped; anything else is refused before any SQL.
 func TestDedupStatements(t *testing.T) {
-	byID, err := Dedup(`"ops"."processed_messages"`, "message_id", 8)
+	byID, err := Dedup(`"ops"."processed_messages"`, "message_id", 8, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,15 +23,15 @@ func TestDedupStatements(t *testing.T) {
 	if strings.Contains(sql, "DROP TRIGGER") {
 		t.Errorf("by message_id drops the key trigger:\n%s", sql)
 	}
-	byKey, err := Dedup(`"processed_messages"`, "key", 0)
+	byKey, err := Dedup(`"processed_messages"`, "key", 0, "none")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(byKey, "\n"); got != `DROP TRIGGER IF EXISTS processed_messages_fill_key ON "processed_messages";
-SELECT create_distributed_table('"processed_messages"', 'key');` {
+SELECT create_distributed_table('"processed_messages"', 'key', colocate_with => 'none');` {
 		t.Errorf("by key:\n%s", got)
 	}
-	if _, err := Dedup(`"processed_messages"`, "consumer", 0); err == nil {
+	if _, err := Dedup(`"processed_messages"`, "consumer", 0, ""); err == nil {
 		t.Error("by consumer: no error")
 	}
 	if got := Colocate(`"processed_messages"`, Colocated{Table: `"it's"`, Column: "message_id"}); got !=

@@ -71,7 +71,7 @@ func runCitus(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		name, column string
 		stmts        []string
 	}
-	dedupStmts, err := citusdist.Dedup(dedup, *by, *shards)
+	dedupStmts, err := citusdist.Dedup(dedup, *by, *shards, "")
 	if err != nil {
 		return c.usageError("--by: %s", err)
 	}

@@ -78,7 +78,7 @@ func newSchema(t testing.TB, shards int) *schema {
 	if err := pgdedup.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	stmts, err := citusdist.Dedup(`"processed_messages"`, "message_id", shards)
+	stmts, err := citusdist.Dedup(`"processed_messages"`, "message_id", shards, "")
 	if err != nil {
 		t.Fatal(err)
 	}
