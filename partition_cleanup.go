@@ -285,11 +285,17 @@ func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed 
 	if !st.sealed.Before(st.current) {
 		return st.sealed, 0, nil
 	}
-	open, err := s.waitLockers(ctx, cmp.Or(s.waits.seal, defaultSealWait))
-	if waiting = len(open); err != nil || waiting > 0 {
+	wait := cmp.Or(s.waits.seal, defaultSealWait)
+	deadline := time.Now().Add(wait)
+	open, err := s.waitLockers(ctx, wait)
+	var prepared []string // Citus: see partition_prepared.go
+	if err == nil && len(open) == 0 && st.distributed != "" {
+		prepared, err = s.waitPrepared(ctx, max(time.Until(deadline), 0))
+	}
+	if waiting = len(open) + len(prepared); err != nil || waiting > 0 {
 		if err == nil {
 			s.log.InfoContext(ctx, "pgdedup: sealing waits for transactions", "table", s.messages.table, "open", waiting)
-			err = s.sealStarved(ctx, st, open)
+			err = s.sealStarved(ctx, st, open, prepared)
 		}
 		return st.sealed, waiting, err
 	}

@@ -20,11 +20,20 @@ import (
 // one that holds it up for a span holds sealing up too.
 
 // sealStarved returns an error wrapping ErrCleanupStarved, naming the open
-// transactions (virtualtransaction, from waitLockers), if sealing has been
-// due for a span or more; nil otherwise.
-func (s *Store) sealStarved(ctx context.Context, st *partitionState, open []string) error {
+// transactions (virtualtransaction, from waitLockers) and the prepared ones
+// on Citus's nodes (described by waitPrepared), if sealing has been due for a
+// span or more; nil otherwise.
+func (s *Store) sealStarved(ctx context.Context, st *partitionState, open, prepared []string) error {
 	if st.sealed.Add(2 * st.span).After(st.current) {
 		return nil
+	}
+	if len(prepared) > 0 {
+		// Citus: every lock on the table is free; a claim may still be
+		// prepared on a node (partition_prepared.go).
+		return fmt.Errorf("%w: sealing the partitions of %s, due since %s, is held up by %s, which may hold a claim "+
+			"that two-phase commit has not finished on that node: Citus's recovery ends them (recover_prepared_transactions()); "+
+			"until they end, each claim inserts into one more partition per span",
+			ErrCleanupStarved, s.messages.table, st.sealed.Add(st.span).UTC().Format(time.RFC3339), strings.Join(prepared, ", "))
 	}
 	rows, _ := s.db.Query(ctx, `SELECT DISTINCT l.pid, coalesce(a.usename::text, '?'), coalesce(a.state, '?'), a.xact_start
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid

@@ -40,9 +40,10 @@ import (
 // waits for its holders as for the table's lockers, and Citus commits (or
 // prepares and commits) a transaction's shards before the coordinator
 // releases its locks. A claim that sees a seal reads the shard afterwards,
-// and so sees the rows of every claim sealing waited for. The exception is a
-// two-phase commit whose COMMIT PREPARED failed: its rows stay invisible until
-// Citus recovers it.
+// and so sees the rows of every claim sealing waited for. A two-phase commit
+// whose COMMIT PREPARED failed keeps its rows prepared, invisible, after the
+// coordinator let go: sealing also waits for every transaction prepared on
+// the nodes (partition_prepared.go).
 
 // partitionedLayout is processed_messages partitioned by claim time, on one
 // PostgreSQL server or distributed by Citus (placement says which).

@@ -1,0 +1,86 @@
+package pgdedup
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// On a table Citus distributes, a claim whose transaction wrote to more than
+// one node commits in two phases: the coordinator has every node PREPARE,
+// commits its own part (which releases the claim's advisory lock, the lock
+// sealing waits for), and then sends COMMIT PREPARED. If that last message
+// does not arrive (a node restarting, a connection cut), the node keeps the
+// claim's rows prepared, invisible, until Citus's recovery commits them,
+// within citus.recover_2pc_interval (a minute by default). Sealing the
+// claim's partition before then would let a redelivery look the ID up in
+// the sealed partition, miss it, and be processed a second time.
+//
+// So on Citus, once the claims' advisory locks are all free, sealing also
+// lists the transactions prepared on every node of the cluster in this
+// database and waits for them to end (sealing's wait is bounded as for the
+// lockers; a later run tries again). Every claim that chose a partition
+// before the switch has, by then, prepared on each node it wrote to, so it
+// is listed unless it has already ended; a claim ends on every node before
+// the partition is sealed. A node that does not answer holds sealing up too:
+// nothing says its prepared transactions have ended.
+
+// waitPrepared lists the prepared transactions in this database on every
+// node of the Citus cluster and waits up to d for all of them to end,
+// polling. It returns those still open when it gave up, described for
+// ErrCleanupStarved (a node it could not ask counts as one).
+func (s *Store) waitPrepared(ctx context.Context, d time.Duration) (open []string, err error) {
+	listed, down, err := s.preparedOnNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(d)
+	for pause := time.Millisecond; len(listed)+len(down) > 0; pause = min(2*pause, 100*time.Millisecond) {
+		if time.Now().After(deadline) {
+			return append(listed, down...), nil
+		}
+		select {
+		case <-ctx.Done():
+			return append(listed, down...), ctx.Err()
+		case <-time.After(pause):
+		}
+		var now []string
+		if now, down, err = s.preparedOnNodes(ctx); err != nil {
+			return nil, err
+		}
+		// Those listed first and still there: a transaction prepared since
+		// began after the lockers ended, so it is no claim sealing waits for.
+		listed = slices.DeleteFunc(listed, func(p string) bool { return !slices.Contains(now, p) })
+	}
+	return nil, nil
+}
+
+// preparedOnNodes returns the prepared transactions in this database on every
+// node, as "prepared transaction GID on node N", and down: "node N did not
+// answer: …" for each node the coordinator could not ask.
+func (s *Store) preparedOnNodes(ctx context.Context) (prepared, down []string, err error) {
+	rows, _ := s.db.Query(ctx, `SELECT nodeid, success, result FROM pg_catalog.run_command_on_all_nodes(
+'SELECT coalesce(pg_catalog.json_agg(gid ORDER BY gid), ''[]'') FROM pg_catalog.pg_prepared_xacts WHERE database OPERATOR(pg_catalog.=) pg_catalog.current_database()')`)
+	var node int32
+	var ok bool
+	var result string
+	_, err = pgx.ForEachRow(rows, []any{&node, &ok, &result}, func() error {
+		var gids []string
+		if !ok || json.Unmarshal([]byte(result), &gids) != nil {
+			down = append(down, fmt.Sprintf("node %d did not answer: %s", node, result))
+			return nil
+		}
+		for _, gid := range gids {
+			prepared = append(prepared, fmt.Sprintf("prepared transaction %q on node %d", gid, node))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgdedup: partitions of %s: list prepared transactions: %w", s.messages.table, withDetail(err))
+	}
+	return prepared, down, nil
+}
