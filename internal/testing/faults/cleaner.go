@@ -27,9 +27,12 @@ const (
 // expires_at. Stop checks that Cleanup deleted only expired rows and kept
 // running.
 type CleanerLoad struct {
-	db     *pgxpool.Pool
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	db            *pgxpool.Pool
+	layout        string
+	sealedAtStart time.Time     // layoutPartitioned: where sealed stood
+	span          time.Duration // layoutPartitioned: each partition's
+	cancel        context.CancelFunc
+	wg            sync.WaitGroup
 
 	runs, failed, deleted atomic.Int64
 	lastOK                atomic.Int64 // UnixNano of the last successful run
@@ -44,11 +47,53 @@ type CleanerFigures struct {
 	Premature                 int   // rows deleted before expires_at: must be 0
 }
 
-// StartCleanerLoad seeds the rows and starts the cleaner (every 50ms, in
-// batches of 250) and the short-retention producer, on db's processed_messages.
-func StartCleanerLoad(t testing.TB, db *pgxpool.Pool) *CleanerLoad {
+// The layouts every scenario runs on: the plain table, and the partitioned
+// one (pgdedup.Partitioned) with partitions of partitionSpan, so that a
+// run of a few seconds crosses many switches and seals.
+const (
+	layoutPlain       = "plain"
+	layoutPartitioned = "partitioned"
+)
+
+var layouts = []string{layoutPlain, layoutPartitioned}
+
+// partitionSpan is 250 ms, or 500 ms on Citus (db's server has it), where
+// creating a partition ahead is distributed DDL, slow on a loaded machine.
+func partitionSpan(ctx context.Context, db *pgxpool.Pool) (time.Duration, error) {
+	var citus bool
+	err := db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citus)
+	if citus {
+		return 500 * time.Millisecond, err
+	}
+	return 250 * time.Millisecond, err
+}
+
+// StartCleanerLoad makes db's processed_messages of layout (Store.Setup for
+// layoutPartitioned, before anything is written), seeds the rows and starts
+// the cleaner (every 50ms, in batches of 250) and the short-retention
+// producer. Consumers' Stores need no Layout: they follow the table.
+func StartCleanerLoad(t testing.TB, db *pgxpool.Pool, layout string) *CleanerLoad {
 	t.Helper()
 	ctx := context.Background()
+	c := &CleanerLoad{db: db, layout: layout}
+	cfg := pgdedup.Config{Consumer: "cleaner", CleanupBatchSize: 250}
+	if layout == layoutPartitioned {
+		var err error
+		if c.span, err = partitionSpan(ctx, db); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Layout, cfg.Retention, cfg.Partitions = pgdedup.Partitioned, 10*c.span, 10
+		setup, err := pgdedup.New(db, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := setup.Setup(ctx); err != nil {
+			t.Fatalf("faults: cleaner load: Setup: %v", err)
+		}
+		if c.sealedAtStart, err = c.sealed(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	trigger := `CREATE TRIGGER cleaner_premature AFTER DELETE ON processed_messages FOR EACH ROW EXECUTE FUNCTION cleaner_premature()`
 	if pgtest.CitusColumn() != "" {
 		// Citus runs no triggers on distributed tables: premature deletes go
@@ -74,21 +119,20 @@ SELECT 'cleaner-expired', 'expired-' || i, now() - interval '1 hour' - i * inter
 			t.Fatalf("faults: cleaner load: %v\n%s", err, sql)
 		}
 	}
-	c := &CleanerLoad{db: db}
-	cleaner, err := pgdedup.New(db, pgdedup.Config{Consumer: "cleaner", CleanupBatchSize: 250,
-		OnEvent: func(_ context.Context, e pgdedup.Event) {
-			if e.Kind != pgdedup.EventCleanup {
-				return
-			}
-			c.runs.Add(1)
-			c.deleted.Add(e.Count)
-			if e.Err != nil {
-				c.failed.Add(1)
-				c.firstErr.CompareAndSwap(nil, e.Err.Error())
-			} else {
-				c.lastOK.Store(time.Now().UnixNano())
-			}
-		}})
+	cfg.OnEvent = func(_ context.Context, e pgdedup.Event) {
+		if e.Kind != pgdedup.EventCleanup {
+			return
+		}
+		c.runs.Add(1)
+		c.deleted.Add(e.Count)
+		if e.Err != nil {
+			c.failed.Add(1)
+			c.firstErr.CompareAndSwap(nil, e.Err.Error())
+		} else {
+			c.lastOK.Store(time.Now().UnixNano())
+		}
+	}
+	cleaner, err := pgdedup.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +177,19 @@ func (c *CleanerLoad) LastSuccess() time.Time {
 	return time.Time{}
 }
 
+// sealed reads where the partitioned table's sealed stands.
+func (c *CleanerLoad) sealed(ctx context.Context) (time.Time, error) {
+	var v time.Time
+	err := c.db.QueryRow(ctx, `SELECT sealed FROM pgdedup_partitions WHERE parent = 'processed_messages'::regclass`).Scan(&v)
+	return v, err
+}
+
 // Stop stops the load and checks, failing t otherwise: no row was deleted
-// before it expired, every live seed is still there, every expired seed was
-// deleted by the running cleaner, which succeeded at least once.
+// before it expired, every live seed is still there, and the running cleaner
+// succeeded at least once. On the plain table it deleted every expired seed;
+// on the partitioned one (which deletes no rows, and drops a partition only
+// once all its rows expired) it sealed at least 2 partitions: the scenario
+// crossed switches.
 func (c *CleanerLoad) Stop(t testing.TB) CleanerFigures {
 	t.Helper()
 	c.cancel()
@@ -161,11 +215,23 @@ func (c *CleanerLoad) Stop(t testing.TB) CleanerFigures {
 	if live != liveSeeds {
 		t.Errorf("cleanup deleted live rows: %d of %d left", live, liveSeeds)
 	}
-	if expired != 0 {
-		t.Errorf("cleanup left %d of %d expired rows", expired, expiredSeeds)
-	}
 	if f.Runs == f.FailedRuns {
 		t.Errorf("cleanup never succeeded in %d runs", f.Runs)
+	}
+	if c.layout == layoutPartitioned {
+		sealed, err := c.sealed(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		span := c.span
+		t.Logf("cleanup: sealed %d partitions of %s", sealed.Sub(c.sealedAtStart)/span, span)
+		if sealed.Sub(c.sealedAtStart) < 2*span {
+			t.Errorf("cleanup sealed from %s to %s only: want 2 partitions of %s or more", c.sealedAtStart, sealed, span)
+		}
+		return f
+	}
+	if expired != 0 {
+		t.Errorf("cleanup left %d of %d expired rows", expired, expiredSeeds)
 	}
 	if f.Deleted < expiredSeeds {
 		t.Errorf("cleanup deleted %d rows, fewer than the %d expired seeds", f.Deleted, expiredSeeds)

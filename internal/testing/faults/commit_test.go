@@ -20,39 +20,45 @@ import (
 // reply (the commit landed, the client cannot know), half before forwarding it
 // (the transaction rolled back). Process and ProcessBatch retry; every message
 // must end with exactly one effect, and every commit cut after landing must come
-// back as a duplicate on retry.
+// back as a duplicate on retry. On both layouts (the partitioned one switching
+// partitions every span).
 func TestAmbiguousCommit(t *testing.T) {
-	t.Run("Process", func(t *testing.T) {
-		testAmbiguousCommit(t, 800, 1, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
-			ok, err := store.Process(ctx, ids[0], func(ctx context.Context, tx pgx.Tx) error {
-				return ledger.Write(ctx, tx, ids[0])
-			})
-			if ok {
-				return 1, err
-			}
-			return 0, err
-		})
-	})
-	t.Run("ProcessBatch", func(t *testing.T) {
-		testAmbiguousCommit(t, 2000, 5, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
-			fresh, err := store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
-				for _, id := range fresh {
-					if err := ledger.Write(ctx, tx, id); err != nil {
-						return err
+	for _, layout := range layouts {
+		t.Run(layout, func(t *testing.T) {
+			t.Run("Process", func(t *testing.T) {
+				testAmbiguousCommit(t, layout, 800, 1, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+					ok, err := store.Process(ctx, ids[0], func(ctx context.Context, tx pgx.Tx) error {
+						return ledger.Write(ctx, tx, ids[0])
+					})
+					if ok {
+						return 1, err
 					}
-				}
-				return nil
+					return 0, err
+				})
 			})
-			return len(fresh), err
+			t.Run("ProcessBatch", func(t *testing.T) {
+				testAmbiguousCommit(t, layout, 2000, 5, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+					fresh, err := store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+						for _, id := range fresh {
+							if err := ledger.Write(ctx, tx, id); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					return len(fresh), err
+				})
+			})
 		})
-	})
+	}
 }
 
 // deliverFunc delivers a batch of messages once and returns how many were new.
 type deliverFunc func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (fresh int, err error)
 
-// testAmbiguousCommit delivers n messages, batch at a time.
-func testAmbiguousCommit(t *testing.T, n, batch int, deliver deliverFunc) {
+// testAmbiguousCommit delivers n messages, batch at a time, on a table of
+// layout.
+func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deliverFunc) {
 	const workers = 8
 	n = scaled(n)
 	ctx := testCtx(t, 5*time.Minute) // a hang guard, not a time limit
@@ -61,7 +67,7 @@ func testAmbiguousCommit(t *testing.T, n, batch int, deliver deliverFunc) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cleaner := StartCleanerLoad(t, db.Pool)
+	cleaner := StartCleanerLoad(t, db.Pool, layout)
 
 	proxy, proxied := pgtest.NewProxy(t, db.URL, wireproxy.Config{Decide: func() wireproxy.Cut {
 		switch r := rand.Float64(); {

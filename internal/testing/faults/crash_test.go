@@ -33,16 +33,24 @@ type crashFigures struct {
 // ack) and are restarted until the queue is empty. Through pgdedup every message
 // must have exactly one effect. The same run through the two orders of the
 // Redis SET NX recipe shows what they lose or double.
+//
+// pgdedup runs on both layouts (the partitioned one switching partitions
+// every span), the Redis recipes once.
 func TestConsumerCrashes(t *testing.T) {
-	for _, recipe := range []string{recipePgdedup, recipeMarkFirst, recipeMarkAfter} {
-		t.Run(recipe, func(t *testing.T) {
+	for _, run := range []struct{ name, recipe, layout string }{
+		{recipePgdedup, recipePgdedup, layoutPlain},
+		{recipePgdedup + "-" + layoutPartitioned, recipePgdedup, layoutPartitioned},
+		{recipeMarkFirst, recipeMarkFirst, ""},
+		{recipeMarkAfter, recipeMarkAfter, ""},
+	} {
+		t.Run(run.name, func(t *testing.T) {
 			t.Parallel()
-			testCrashes(t, recipe)
+			testCrashes(t, run.recipe, run.layout)
 		})
 	}
 }
 
-func testCrashes(t *testing.T, recipe string) {
+func testCrashes(t *testing.T, recipe, layout string) {
 	const workers, crashP = 4, 0.2
 	n := scaled(200)
 	// A guard against a hang, not a time limit: on a loaded 2-core machine
@@ -64,7 +72,7 @@ func testCrashes(t *testing.T, recipe string) {
 	env := append(os.Environ(), envRecipe+"="+recipe, envURL+"="+db.URL, envCrash+"="+strconv.FormatFloat(crashP, 'f', -1, 64))
 	var cleaner *CleanerLoad
 	if recipe == recipePgdedup {
-		cleaner = StartCleanerLoad(t, db.Pool)
+		cleaner = StartCleanerLoad(t, db.Pool, layout)
 	} else {
 		addr, prefix := redisFor(t, ids)
 		env = append(env, envRedis+"="+addr, envPrefix+"="+prefix)
@@ -114,7 +122,7 @@ func testCrashes(t *testing.T, recipe string) {
 		}
 	}
 	t.Logf("FIGURES crash %s: %s deliveries=%d sigkills=%d (%s) processes=%d failed_deliveries=%d queue_left=%d in %s",
-		recipe, tally, deliveries, total, strings.Join(perPoint, " "), f.processes.Load(), f.errorLines.Load(), left, elapsed.Round(time.Millisecond))
+		strings.TrimPrefix(t.Name(), "TestConsumerCrashes/"), tally, deliveries, total, strings.Join(perPoint, " "), f.processes.Load(), f.errorLines.Load(), left, elapsed.Round(time.Millisecond))
 	if e, _ := f.firstError.Load().(string); e != "" {
 		t.Logf("first failed delivery: %s", e)
 	}

@@ -28,7 +28,16 @@ import (
 // The server is down for a few hundred milliseconds each time: consumers that
 // hold messages then get errors from Process and leave them unacked; the
 // others fail to receive until it is back.
+//
+// On both layouts, one after the other (the partitioned one switching
+// partitions every span).
 func TestPostgresRestart(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout, func(t *testing.T) { testPostgresRestart(t, layout) })
+	}
+}
+
+func testPostgresRestart(t *testing.T, layout string) {
 	const workers = 4
 	n := scaled(1500)
 	ctx := testCtx(t, 5*time.Minute) // a hang guard, not a time limit
@@ -61,7 +70,7 @@ func TestPostgresRestart(t *testing.T) {
 	if err := q.Enqueue(ctx, ids); err != nil {
 		t.Fatal(err)
 	}
-	cleaner := StartCleanerLoad(t, pool)
+	cleaner := StartCleanerLoad(t, pool, layout)
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "restart"})
 	if err != nil {
 		t.Fatal(err)
@@ -109,8 +118,8 @@ func TestPostgresRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("FIGURES restart: %s deliveries=%d restarts=%s process_errors=%d queue_errors=%d in %s",
-		tally, deliveries, strings.Join(outages, ","), processErrs.Load(), queueErrs.Load(), elapsed.Round(time.Millisecond))
+	t.Logf("FIGURES restart %s: %s deliveries=%d restarts=%s process_errors=%d queue_errors=%d in %s",
+		layout, tally, deliveries, strings.Join(outages, ","), processErrs.Load(), queueErrs.Load(), elapsed.Round(time.Millisecond))
 	assertExactlyOnce(t, tally)
 	// Whether a consumer was inside Process when the server went away is down
 	// to timing at each restart, but not over all of them.
