@@ -12,13 +12,15 @@ import (
 
 // On a table Citus distributes, a claim whose transaction wrote to more than
 // one node commits in two phases: the coordinator has every node PREPARE,
-// commits its own part (which releases the claim's advisory lock, the lock
-// sealing waits for), and then sends COMMIT PREPARED. If that last message
-// does not arrive (a node restarting, a connection cut), the node keeps the
-// claim's rows prepared, invisible, until Citus's recovery commits them,
-// within citus.recover_2pc_interval (a minute by default). Sealing the
-// claim's partition before then would let a redelivery look the ID up in
-// the sealed partition, miss it, and be processed a second time.
+// commits its own part, sends COMMIT PREPARED, and only then releases its
+// locks (the claim's advisory lock, which sealing waits for). If COMMIT
+// PREPARED fails (a node restarting, a connection cut), the coordinator
+// commits all the same, and the node keeps the claim's rows prepared,
+// invisible, until Citus's recovery commits them, within
+// citus.recover_2pc_interval (a minute by default). Sealing the claim's
+// partition before then would let a redelivery look the ID up in the sealed
+// partition, miss it, and be processed a second time. (A transaction that
+// wrote to one node commits it before the coordinator's own commit.)
 //
 // So on Citus, once the claims' advisory locks are all free, sealing also
 // lists the transactions prepared on every node of the cluster in this
