@@ -14,7 +14,9 @@
 // interleaved rounds, so drift of a shared machine hits all alike; batch runs
 // ClaimBatch; cleanup deletes expired rows with Process alongside. Only when
 // named: soak (a throwaway cluster at a fixed rate with RunCleaner), citus
-// (a Citus coordinator, -citus-url) and growth (a table of millions of rows).
+// (a Citus coordinator, -citus-url), growth (a table of millions of rows),
+// steady (production proportions), claimcost (one claim, plain and
+// partitioned) and forget (the time to forget expired IDs, both layouts).
 //
 // It works in a schema of its own, created and dropped, and under Redis keys
 // of its own, deleted at the end.
@@ -60,7 +62,8 @@ type config struct {
 	growth growthConfig // -only growth
 	steady steadyConfig // -only steady
 
-	claimCost claimCostConfig // -only claimcost
+	claimCost  claimCostConfig // -only claimcost
+	forgetRows []int           // -only forget: -forget-rows
 
 	accountMessages int // messages per repetition when counting round trips and WAL
 	accountReps     int // repetitions; the WAL figure is the smallest
@@ -73,7 +76,7 @@ var parts = []string{"accounting", "messages", "delayed", "batch", "cleanup"}
 // starts a cluster of its own; citus needs a Citus cluster (-citus-url);
 // growth loads a table of millions of rows; steady (alone) starts a cluster
 // of its own and loads rate × Retention rows.
-var optionalParts = []string{"soak", "citus", "growth", "steady", "claimcost"}
+var optionalParts = []string{"soak", "citus", "growth", "steady", "claimcost", "forget"}
 
 func (c config) runs(part string) bool { return slices.Contains(c.only, part) }
 
@@ -124,6 +127,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.steady.tputFor, "steady-tput-for", 20*time.Second, "steady: how long the unthrottled phase runs")
 	fs.StringVar(&c.steady.sharedBuffers, "steady-shared-buffers", "1GB", "steady: shared_buffers of the cluster")
 	fs.BoolVar(&c.steady.tiny, "steady-tiny", false, "steady: the CI size (rate 100, R 8, cycle 5s, 2 cycles, < 90 s) unless set otherwise")
+	forgetRows := fs.String("forget-rows", "10000,100000,1000000", "forget: comma-separated counts of expired IDs to forget")
 	claimParts := fs.String("claimcost-partitions", "4,6,12,24", "claimcost: comma-separated partition counts of the partitioned tables")
 	fs.IntVar(&c.claimCost.rows, "claimcost-rows", 200_000, "claimcost: rows of the populated tables")
 	fs.IntVar(&c.claimCost.rounds, "claimcost-rounds", 3, "claimcost: interleaved rounds")
@@ -186,6 +190,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		c.claimCost.explains = 25
 		if c.claimCost.rows < 1 || c.claimCost.rounds < 1 || c.claimCost.round < 100*time.Millisecond || c.claimCost.workers < 1 {
 			return c, errors.New("-claimcost-rows, -claimcost-rounds and -claimcost-workers must be positive, -claimcost-round at least 100ms")
+		}
+	}
+	if c.runs("forget") {
+		if len(c.only) > 1 {
+			return c, errors.New("-only forget runs alone")
+		}
+		for _, w := range strings.Split(*forgetRows, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(w))
+			if err != nil || n < 1 {
+				return c, fmt.Errorf("-forget-rows: %q is not a positive count", w)
+			}
+			c.forgetRows = append(c.forgetRows, n)
 		}
 	}
 	if c.runs("steady") {

@@ -24,6 +24,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 	if slices.Equal(cfg.only, []string{"claimcost"}) { // nor Redis
 		return claimCost(ctx, cfg, stdout, stderr)
 	}
+	if slices.Equal(cfg.only, []string{"forget"}) { // nor Redis
+		return forget(ctx, cfg, stdout, stderr)
+	}
 	if slices.Equal(cfg.only, []string{"steady"}) { // nor this
 		return steady(ctx, cfg, stdout, stderr)
 	}
