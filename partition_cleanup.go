@@ -290,7 +290,7 @@ func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed 
 	open, err := s.waitLockers(ctx, wait)
 	var prepared []string // Citus: see partition_prepared.go
 	if err == nil && len(open) == 0 && st.distributed != "" {
-		prepared, err = s.waitPrepared(ctx, max(time.Until(deadline), 0))
+		prepared, err = s.waitPrepared(ctx, st, max(time.Until(deadline), 0))
 	}
 	if waiting = len(open) + len(prepared); err != nil || waiting > 0 {
 		if err == nil {

@@ -52,11 +52,11 @@ func (s *Store) dropOrphans(ctx context.Context, st *partitionState) (dropped []
 		mark string
 	}
 	var orphans []orphan
-	q, _ := s.db.Query(ctx, `SELECT c.relname::text, pg_catalog.obj_description(c.oid, 'pg_class'), GREATEST(c.reltuples, 0)::bigint
-FROM pg_catalog.pg_class c
+	q, _ := s.db.Query(ctx, `SELECT c.relname::text, d.description, GREATEST(c.reltuples, 0)::bigint
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_description d ON d.objoid = c.oid
+AND d.classoid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objsubid = 0
 WHERE c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = '`+s.messages.table+`'::pg_catalog.regclass)
-AND c.relkind = 'r' AND NOT c.relispartition
-AND pg_catalog.obj_description(c.oid, 'pg_class') LIKE 'pgdedup: detached from %'
+AND c.relkind = 'r' AND NOT c.relispartition AND d.description LIKE 'pgdedup: detached from %'
 ORDER BY 1`)
 	var o orphan
 	if _, err := pgx.ForEachRow(q, []any{&o.p.name, &o.mark, &o.p.rows}, func() error {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,20 +24,25 @@ import (
 // wrote to one node commits it before the coordinator's own commit.)
 //
 // So on Citus, once the claims' advisory locks are all free, sealing also
-// lists the transactions prepared on every node of the cluster in this
-// database and waits for them to end (sealing's wait is bounded as for the
-// lockers; a later run tries again). Every claim that chose a partition
-// before the switch has, by then, prepared on each node it wrote to, so it
-// is listed unless it has already ended; a claim ends on every node before
-// the partition is sealed. A node that does not answer holds sealing up too:
-// nothing says its prepared transactions have ended.
+// lists the transactions prepared on every node of the cluster that hold a
+// lock on a shard of the table or of its partitions (shards are named after
+// them: the parent's name, cut as partitionName cuts it, is their prefix),
+// and waits for them to end (sealing's wait is bounded as for the lockers; a
+// later run tries again). Every claim that chose a partition before the
+// switch has, by then, prepared on each node it wrote to, keeping its locks
+// (pg_locks shows them under the virtual transaction holding its xid), so it
+// is listed unless it has already ended; a claim ends on every node
+// before the partition is sealed. A node that does not answer holds sealing
+// up too: nothing says its prepared transactions have ended. Other
+// distributed transactions, prepared for a moment all the time on a busy
+// cluster, are not waited for.
 
-// waitPrepared lists the prepared transactions in this database on every
-// node of the Citus cluster and waits up to d for all of them to end,
-// polling. It returns those still open when it gave up, described for
-// ErrCleanupStarved (a node it could not ask counts as one).
-func (s *Store) waitPrepared(ctx context.Context, d time.Duration) (open []string, err error) {
-	listed, down, err := s.preparedOnNodes(ctx)
+// waitPrepared lists the prepared transactions holding a lock on the
+// table's shards on every node of the Citus cluster and waits up to d for
+// all of them to end, polling. It returns those still open when it gave up,
+// described for ErrCleanupStarved (a node it could not ask counts as one).
+func (s *Store) waitPrepared(ctx context.Context, st *partitionState, d time.Duration) (open []string, err error) {
+	listed, down, err := s.preparedOnNodes(ctx, st)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +57,7 @@ func (s *Store) waitPrepared(ctx context.Context, d time.Duration) (open []strin
 		case <-time.After(pause):
 		}
 		var now []string
-		if now, down, err = s.preparedOnNodes(ctx); err != nil {
+		if now, down, err = s.preparedOnNodes(ctx, st); err != nil {
 			return nil, err
 		}
 		// Those listed first and still there: a transaction prepared since
@@ -61,12 +67,24 @@ func (s *Store) waitPrepared(ctx context.Context, d time.Duration) (open []strin
 	return nil, nil
 }
 
-// preparedOnNodes returns the prepared transactions in this database on every
-// node, as "prepared transaction GID on node N", and down: "node N did not
-// answer: …" for each node the coordinator could not ask.
-func (s *Store) preparedOnNodes(ctx context.Context) (prepared, down []string, err error) {
-	rows, _ := s.db.Query(ctx, `SELECT nodeid, success, result FROM pg_catalog.run_command_on_all_nodes(
-'SELECT coalesce(pg_catalog.json_agg(gid ORDER BY gid), ''[]'') FROM pg_catalog.pg_prepared_xacts WHERE database OPERATOR(pg_catalog.=) pg_catalog.current_database()')`)
+// preparedOnNodes returns the prepared transactions holding a lock on a
+// shard of the table (or of its partitions) on every node, as "prepared
+// transaction GID on node N", and down: "node N did not answer: …" for each
+// node the coordinator could not ask. A shard is recognised by its name
+// (regclass text, unquoted: shards may be hidden from pg_class queries).
+func (s *Store) preparedOnNodes(ctx context.Context, st *partitionState) (prepared, down []string, err error) {
+	prefix := st.name
+	if len(prefix) > 30 {
+		prefix = prefix[:30] // as partitionName cuts it
+	}
+	like := func(p string) string { return strings.NewReplacer(`\`, `\\`, `"`, ``).Replace(p) + "%" }
+	rows, _ := s.db.Query(ctx, `SELECT nodeid, success, result FROM pg_catalog.run_command_on_all_nodes(pg_catalog.format(
+'SELECT coalesce(pg_catalog.json_agg(DISTINCT p.gid), ''[]'') FROM pg_catalog.pg_prepared_xacts p
+JOIN pg_catalog.pg_locks x ON x.locktype OPERATOR(pg_catalog.=) ''transactionid'' AND x.transactionid OPERATOR(pg_catalog.=) p.transaction AND x.pid IS NULL
+JOIN pg_catalog.pg_locks l ON l.virtualtransaction OPERATOR(pg_catalog.=) x.virtualtransaction
+WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND l.locktype OPERATOR(pg_catalog.=) ''relation''
+AND pg_catalog.replace(l.relation::pg_catalog.regclass::pg_catalog.text, ''"'', '''') LIKE ANY (ARRAY[%L, %L])', $1::text, $2::text))`,
+		like(st.schema+"."+prefix), like(prefix))
 	var node int32
 	var ok bool
 	var result string

@@ -21,8 +21,9 @@ import (
 // be looked up, the redelivery would miss the prepared row and be processed
 // a second time. Unsealed, the redelivery inserts into that partition too
 // and waits on the prepared row (ErrInFlight under LockTimeout). Once the
-// transaction is committed, sealing goes on and the redelivery is a
-// duplicate.
+// transaction is committed, sealing goes on, although another transaction
+// touching no shard of the table is still prepared on that worker, and the
+// redelivery is a duplicate.
 func TestPartitionedSealWaitsForPreparedClaims(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t, 4)
@@ -78,6 +79,20 @@ WHERE sh.shardid = get_shard_id_for_distribution_column(r.p, $2::text)`, partiti
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { worker.Close(context.Background()) })
+
+	// A transaction prepared on the same worker that touches no shard of the
+	// table: sealing must not wait for it (checked at the end).
+	other := "pgdedup_other_" + s.name
+	for _, q := range []string{`CREATE TABLE public.` + other + ` (a int)`, `BEGIN`, `INSERT INTO public.` + other + ` VALUES (1)`,
+		`PREPARE TRANSACTION '` + other + `'`} {
+		if _, err := worker.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		worker.Exec(context.Background(), `ROLLBACK PREPARED '`+other+`'`) //nolint:errcheck // best effort
+		worker.Exec(context.Background(), `DROP TABLE public.`+other)      //nolint:errcheck // best effort
+	})
 
 	// The claim, prepared on its worker and never committed by the coordinator.
 	gid := fmt.Sprintf("pgdedup_test_%s", s.name)
@@ -141,7 +156,7 @@ WHERE sh.shardid = get_shard_id_for_distribution_column(r.p, $2::text)`, partiti
 		t.Fatal(err)
 	}
 	if v := sealed(); v.Before(end) {
-		t.Errorf("sealed up to %s once the prepared claim committed, want past %s", v, end)
+		t.Errorf("sealed up to %s once the prepared claim committed (another transaction, on no shard of the table, still prepared), want past %s", v, end)
 	}
 	processed, err = store.Process(ctx, id, func(context.Context, pgx.Tx) error { charged++; return nil })
 	if err != nil || processed || charged != 0 {
