@@ -42,8 +42,8 @@ import (
 // releases its locks. A claim that sees a seal reads the shard afterwards,
 // and so sees the rows of every claim sealing waited for. A two-phase commit
 // whose COMMIT PREPARED failed keeps its rows prepared, invisible, after the
-// coordinator let go: sealing also waits for every transaction prepared on
-// the nodes (partition_prepared.go).
+// coordinator let go: sealing also waits for the transactions prepared on
+// the nodes that hold a lock on the table's shards (partition_prepared.go).
 
 // partitionedLayout is processed_messages partitioned by claim time, on one
 // PostgreSQL server or distributed by Citus (placement says which).
