@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // A tiny claimcost run (CI) reports every table with its locks, times and
@@ -27,17 +25,7 @@ func TestClaimCostTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.claimCost.explains = 2
-	conn, err := pgx.Connect(ctx, cfg.databaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	schemas := func() (n int) {
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_claimcost\_%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	schemas := schemaCounter(ctx, t, cfg.databaseURL, "pgdedup_claimcost_")
 	before := schemas()
 	var out bytes.Buffer
 	if err := run(ctx, cfg, &out, io.Discard); err != nil {

@@ -7,8 +7,6 @@ import (
 	"regexp"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // A tiny forget run (CI) reports a row per size with both layouts' times,
@@ -20,17 +18,7 @@ func TestForgetTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, cfg.databaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	schemas := func() (n int) {
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_forget\_%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	schemas := schemaCounter(ctx, t, cfg.databaseURL, "pgdedup_forget_")
 	before := schemas()
 	var out bytes.Buffer
 	if err := run(ctx, cfg, &out, io.Discard); err != nil {

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // A tiny growth run (CI) measures both schema versions on both tables, reports
@@ -23,17 +21,7 @@ func TestGrowthTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, cfg.databaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	schemas := func() (n int) {
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_growth\_%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	schemas := schemaCounter(ctx, t, cfg.databaseURL, "pgdedup_growth_")
 	before := schemas()
 	var out bytes.Buffer
 	if err := run(ctx, cfg, &out, io.Discard); err != nil {

@@ -73,17 +73,7 @@ func TestRunPrintsEveryTableAndCleansUp(t *testing.T) {
 	defer cancel()
 	cfg := testConfig(t)
 	cfg.out = filepath.Join(t.TempDir(), "bench.md")
-	conn, err := pgx.Connect(ctx, cfg.databaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	schemas := func() (n int) {
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_bench\_%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	schemas := schemaCounter(ctx, t, cfg.databaseURL, "pgdedup_bench_")
 	before := schemas()
 	var out bytes.Buffer
 	if err := run(ctx, cfg, &out, io.Discard); err != nil {
@@ -136,5 +126,25 @@ func TestCitusPart(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdedup\_bench\_citus\_%'`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d pgdedup_bench_citus_ schemas left on Citus (%v)", n, err)
+	}
+}
+
+// schemaCounter connects to url and returns a func counting the schemas whose
+// name starts with prefix (a part's own), to check that a run leaves none
+// behind.
+func schemaCounter(ctx context.Context, t *testing.T, url, prefix string) func() int {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	pattern := strings.ReplaceAll(prefix, "_", `\_`) + "%"
+	return func() (n int) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE $1`, pattern).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
 }
