@@ -72,6 +72,12 @@ EOF
   if [[ $(citus_psql 9700 -c "SELECT count(*) FROM pg_dist_node WHERE nodeport = 9703") != 0 ]]; then
     citus_psql 9700 -c "SELECT citus_drain_node('127.0.0.1', 9703)" -c "SELECT citus_remove_node('127.0.0.1', 9703)" >/dev/null
   fi
+  # Test schemas a killed run left behind: the scale-out test's rebalance
+  # would move their shards too.
+  citus_psql 9700 -c "DO \$\$ DECLARE s text; BEGIN
+    FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgdedup\_%' LOOP
+      EXECUTE format('DROP SCHEMA %I CASCADE', s);
+    END LOOP; END \$\$" >/dev/null
   export TEST_CITUS_URL='postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable'
   export TEST_CITUS_SPARE_WORKER=127.0.0.1:9703
   export TEST_CITUS_WORKER_PGDATA=$CITUS_BASE/worker1
