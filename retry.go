@@ -187,8 +187,7 @@ func fromFn(tx pgx.Tx, l *layouts, err error) error {
 		return &fnError{err: err}
 	}
 	err = l.transient(err) // a partitioned table's advice; Citus's XX000
-	var lost *connLostError
-	if errors.As(err, &lost) {
+	if _, lost := err.(*connLostError); lost {
 		return &fnError{err: err, transient: true}
 	}
 	var pgErr *pgconn.PgError
