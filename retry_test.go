@@ -423,36 +423,46 @@ func TestProcessDoesNotRetryAnotherConnection(t *testing.T) {
 }
 
 // fn calls a payment gateway whose client error carries SQLSTATE 40001 (in
-// the gateway's protocol, not PostgreSQL's). pgdedup's own transaction is
-// intact: one call, the error as fn returned it, not transient.
+// the gateway's protocol, not PostgreSQL's). pgdedup's own transaction did
+// not fail by a serialization failure: intact, or aborted by another error
+// (a unique violation) that fn did not return. One call, the error as fn
+// returned it, not transient.
 func TestProcessDoesNotRetryForeignSQLState(t *testing.T) {
 	t.Parallel()
 	for name, call := range processCalls {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, pgdedup.Config{})
-			ctx := ctxT(t)
-			calls := 0
-			processed, err := call(ctx, b.store, func(ctx context.Context, tx pgx.Tx) error {
-				calls++
-				if err := charge("order-1")(ctx, tx); err != nil {
-					return err
+		for _, aborted := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/aborted=%v", name, aborted), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, pgdedup.Config{})
+				ctx := ctxT(t)
+				calls := 0
+				processed, err := call(ctx, b.store, func(ctx context.Context, tx pgx.Tx) error {
+					calls++
+					if err := charge("order-1")(ctx, tx); err != nil {
+						return err
+					}
+					if aborted {
+						_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '23505'; END $$`)
+						if err == nil {
+							t.Fatal("the unique violation was not raised")
+						}
+					}
+					return fmt.Errorf("charge order-1: %w", gatewayError{})
+				})
+				if !errors.As(err, new(gatewayError)) || processed || calls != 1 {
+					t.Fatalf("processed=%v err=%v calls=%d, want the gateway's error after 1 call", processed, err, calls)
 				}
-				return fmt.Errorf("charge order-1: %w", gatewayError{})
+				if err.Error() != "charge order-1: gateway: conflict, retry later" {
+					t.Fatalf("err = %q, want fn's error unchanged", err)
+				}
+				if pgdedup.IsTransient(err) {
+					t.Fatalf("IsTransient(%v) = true, want false: pgdedup's transaction did not fail", err)
+				}
+				if recorded(t, b.pool, "billing", "m1") {
+					t.Fatal("the ID was recorded although fn failed")
+				}
 			})
-			if !errors.As(err, new(gatewayError)) || processed || calls != 1 {
-				t.Fatalf("processed=%v err=%v calls=%d, want the gateway's error after 1 call", processed, err, calls)
-			}
-			if err.Error() != "charge order-1: gateway: conflict, retry later" {
-				t.Fatalf("err = %q, want fn's error unchanged", err)
-			}
-			if pgdedup.IsTransient(err) {
-				t.Fatalf("IsTransient(%v) = true, want false: pgdedup's transaction did not fail", err)
-			}
-			if recorded(t, b.pool, "billing", "m1") {
-				t.Fatal("the ID was recorded although fn failed")
-			}
-		})
+		}
 	}
 }
 
