@@ -273,7 +273,8 @@ var cancelStages = []cancelStage{
 		calls := 0
 		_, err = store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
 			calls++
-			return &pgconn.PgError{Code: "40001", Message: "injected serialization failure"}
+			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
+			return err
 		})
 		if calls != 1 {
 			t.Errorf("fn ran %d times, want 1: no attempt after the cancellation", calls)

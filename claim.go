@@ -19,13 +19,12 @@ type idClaim struct {
 
 	claimed bool
 	found   bool   // the SELECT after the claim found the ID's row
-	expired bool   // and it was past expires_at
 	stored  []byte // the fingerprint read after the claim
-	result  []byte // the result read after the claim (withResult); NULL when expired
+	result  []byte // the result read after the claim (withResult)
 }
 
 func (c *idClaim) statements(l *layouts) claimStatements {
-	c.claimed, c.found, c.expired, c.stored, c.result = false, false, false, nil, nil
+	c.claimed, c.found, c.stored, c.result = false, false, nil, nil
 	return claimStatements{settings: l.messages.settings(false), claim: l.messages.claimOne(c)}
 }
 
@@ -34,19 +33,20 @@ func (c *idClaim) statements(l *layouts) claimStatements {
 func (c *idClaim) scanStored(scan func(dest ...any) error) error {
 	c.found = true
 	if c.withResult {
-		return scan(&c.expired, &c.stored, &c.result)
+		return scan(&c.stored, &c.result)
 	}
-	return scan(&c.expired, &c.stored)
+	return scan(&c.stored)
 }
 
 // outcome: a duplicate whose recorded fingerprint differs from the given one
 // is a mismatch, not a duplicate. A row without a fingerprint has nothing to
-// compare, and an expired row is not compared: its ID may be reused.
+// compare. A row past expires_at that is not deleted yet is compared as any
+// other: it is the ID's record until it is deleted.
 func (c *idClaim) outcome() (fresh, skipped int, err error) {
 	switch {
 	case c.claimed:
 		return 1, 0, nil
-	case c.opts.fingerprint != nil && c.stored != nil && !c.expired && !bytes.Equal(c.stored, c.opts.fingerprint):
+	case c.opts.fingerprint != nil && c.stored != nil && !bytes.Equal(c.stored, c.opts.fingerprint):
 		return 0, 0, &PayloadMismatchError{MessageID: c.id, Stored: c.stored, Given: c.opts.fingerprint}
 	}
 	return 0, 1, nil

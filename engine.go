@@ -299,7 +299,7 @@ func (s *Store) processOnce(ctx context.Context, c claim, fn func(ctx context.Co
 		return false, tx.Rollback(ctx)
 	}
 	if err := fn(ctx, tx); err != nil {
-		return false, l.transient(fromFn(tx, err))
+		return false, fromFn(tx, l, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return false, l.transient(fromDatabase(fmt.Errorf("pgdedup: commit %s: %w", c.subject(), withDetail(err))))

@@ -59,12 +59,14 @@ var (
 	// wrote, nor the ID, is recorded.
 	ErrResultTooLarge = errors.New("pgdedup: result too large to store")
 
-	// ErrResultExpired is returned by [Store.ProcessResult] for a duplicate
-	// whose row is past its expires_at but not yet deleted by Cleanup: fn is
-	// not called, and the stored result, past its Retention, is not returned
-	// (it never leaves the table). Nor is its fingerprint compared: an
-	// expired row is not a [ErrPayloadMismatch]. The ID counts as processed
-	// until Cleanup deletes its row.
+	// ErrResultExpired is no longer returned. [Store.ProcessResult] returned
+	// it for a duplicate whose row was past its expires_at but not yet
+	// deleted by Cleanup. Such a row is now a duplicate like any other, with
+	// its stored result, until it is deleted.
+	//
+	// Deprecated: ProcessResult returns the stored result of an expired row
+	// that is not deleted yet. The variable remains so that code comparing
+	// with it compiles.
 	ErrResultExpired = errors.New("pgdedup: the stored result has expired")
 
 	// ErrTooLate is returned, wrapped with the message's age, by a call with

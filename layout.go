@@ -167,10 +167,9 @@ RETURNING message_id`,
 		lookup:        `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
 		forget:        `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
 		lockTimeoutMS: int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
-		// An expired row's result never leaves the table, even when the
-		// cleaner is late.
-		storedFingerprint: `SELECT expires_at <= now(), fingerprint FROM ` + t + where,
-		storedResult:      `SELECT expires_at <= now(), fingerprint, CASE WHEN expires_at > now() THEN result END FROM ` + t + where,
+		// A row is the ID's record until it is deleted, expired or not.
+		storedFingerprint: `SELECT fingerprint FROM ` + t + where,
+		storedResult:      `SELECT fingerprint, result FROM ` + t + where,
 		storeResult:       `UPDATE ` + t + ` SET result = $4` + where,
 	}
 	m.claimWith[0] = m.claim

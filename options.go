@@ -31,9 +31,9 @@ const MaxFingerprintLen = 1024
 // reported to [Config.OnEvent] as [EventPayloadMismatch]. The same ID with
 // the same payload is a plain duplicate. A duplicate of an ID recorded
 // without a fingerprint, or a delivery without the option, is never a
-// mismatch: there is nothing to compare; nor is a duplicate whose row has
-// expired (past expires_at, not yet cleaned up), whose ID may be reused. It
-// needs migration 00006.
+// mismatch: there is nothing to compare. A row past expires_at that the
+// cleaner has not deleted yet is compared as any other: the ID is a duplicate
+// until its row is deleted. It needs migration 00006.
 //
 // fingerprint must hold 1 to [MaxFingerprintLen] bytes.
 func WithFingerprint(fingerprint []byte) Option {

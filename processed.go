@@ -91,12 +91,18 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // back tx itself (use tx.Begin for a savepoint). Keep fn's side effects inside
 // tx: fn may run again after a rolled-back attempt.
 //
-// Failures of the database (see [IsTransient]: a serialization failure or
-// deadlock, the connection lost under the claim, under fn's transaction or
-// during COMMIT) are retried up to [Config.MaxAttempts], with jittered backoff.
-// Any other error fn returns, such as an HTTP client's error or a decoder's
-// io.EOF, comes back after one attempt, whatever its type: pgdedup cannot know
-// whether what fn called acted on the request. After a connection lost during
+// Failures of pgdedup's own transaction are retried up to
+// [Config.MaxAttempts], with jittered backoff: the connection lost under the
+// claim, under fn or during COMMIT, and the transaction aborted by a
+// serialization failure or deadlock (see [IsTransient]). An error fn returns
+// is retried only when the transaction fn was given failed: its connection is
+// closed, or the server aborted it with a serialization failure or deadlock.
+// Any other error fn returns comes back after one attempt, whatever its type
+// or SQLSTATE, and is not transient: a second database connection's error
+// (its COMMIT may have landed), an HTTP client's error, a decoder's io.EOF.
+// pgdedup cannot know whether what fn called acted on the request. A
+// serialization failure that fn caught in a savepoint and then returned
+// leaves the transaction usable, so it is not retried either. After a connection lost during
 // COMMIT the outcome is unknown; the retry finds the ID if that commit landed
 // and then reports a duplicate, so processed may be false for a message whose
 // effects this call committed.

@@ -16,8 +16,11 @@ import (
 // For a new ID, fn runs and its result is stored before COMMIT; ProcessResult
 // returns it with processed true. For a duplicate, fn is not called and the
 // stored result is returned with processed false (nil if the ID was recorded
-// without a result, by Process or by a Claim), or [ErrResultExpired] if the
-// ID's row is past its expires_at. While the first delivery is in flight, a
+// without a result, by Process or by a Claim). An ID is a duplicate until
+// its row is deleted, by [Store.Cleanup] or [Store.Forget]: a row past its
+// expires_at that the cleaner has not deleted yet still gives its stored
+// result, as [Store.Process] still skips it, and its fingerprint is still
+// compared ([ErrPayloadMismatch]). While the first delivery is in flight, a
 // duplicate waits for it, or returns [ErrInFlight] after
 // [Config.LockTimeout]. A result longer than [Config.MaxResultBytes] (or
 // [WithMaxResultBytes]) fails the call with [ErrResultTooLarge] and rolls
@@ -69,8 +72,6 @@ func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx
 		return nil, false, err
 	case processed:
 		return result, true, nil
-	case c.expired:
-		return nil, false, fmt.Errorf("%w: %s", ErrResultExpired, c.subject())
 	}
 	return c.result, false, nil
 }

@@ -131,40 +131,83 @@ func TestProcessResultInFlight(t *testing.T) {
 	}
 }
 
-// A duplicate of an expired row (past expires_at, not yet cleaned up) gets
-// ErrResultExpired, not the stored result, and its fingerprint is not
-// compared: an expired row is not a payload mismatch. Process with a
-// fingerprint skips it as a plain duplicate.
-func TestProcessResultExpired(t *testing.T) {
+// An expired row (past expires_at) that Cleanup has not deleted yet is still
+// the ID's record, on both layouts and for both calls: an ID is a duplicate
+// until its row is deleted. ProcessResult returns the stored answer (the
+// consumer replies with it and acks), Process reports a duplicate, fn does not
+// run again, and the fingerprint is compared: a reused ID with another payload
+// is a mismatch, never another request's answer. Once the row is gone, the ID
+// is new.
+func TestExpiredRowIsADuplicateUntilDeleted(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []string{"plain", "partitioned"} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			var b *bundle
+			if layout == "plain" {
+				b = setup(t, pgdedup.Config{})
+			} else {
+				b = setupPartitioned(t, pgdedup.Config{Retention: time.Hour})
+			}
+			ctx := ctxT(t)
+			a, z := pgdedup.WithFingerprint([]byte("payload a")), pgdedup.WithFingerprint([]byte("payload z"))
+			first, _, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.store.Process(ctx, "order-1", charge("order-1"), a); err != nil {
+				t.Fatal(err)
+			}
+			expire(t, b, "billing")
+			for _, opt := range []pgdedup.Option{a, nil} {
+				res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), opt)
+				if err != nil || processed || string(res) != string(first) {
+					t.Errorf("ProcessResult, expired row: %q, %v, %v; want the first answer %q as a duplicate", res, processed, err, first)
+				}
+				if processed, err := b.store.Process(ctx, "order-1", charge("order-1"), opt); err != nil || processed {
+					t.Errorf("Process, expired row: %v, %v; want a duplicate", processed, err)
+				}
+			}
+			if res, _, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), z); !errors.Is(err, pgdedup.ErrPayloadMismatch) || res != nil {
+				t.Errorf("ProcessResult, expired row, other payload: %q, %v; want ErrPayloadMismatch", res, err)
+			}
+			if _, err := b.store.Process(ctx, "order-1", charge("order-1"), z); !errors.Is(err, pgdedup.ErrPayloadMismatch) {
+				t.Errorf("Process, expired row, other payload: %v; want ErrPayloadMismatch", err)
+			}
+			if n := chargesPerOrder(t, b.pool); n["req-1"] != 1 || n["order-1"] != 1 {
+				t.Errorf("charges %v, want one each: fn ran again for an expired row", n)
+			}
+			// Once the row is deleted, the ID is new again.
+			for _, id := range []string{"req-1", "order-1"} {
+				if forgotten, err := b.store.Forget(ctx, id); err != nil || !forgotten {
+					t.Fatalf("Forget %s: %v, %v", id, forgotten, err)
+				}
+			}
+			if res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), z); err != nil || !processed || string(res) == string(first) {
+				t.Errorf("after Forget: %q, %v, %v; want processed with a new answer", res, processed, err)
+			}
+			if processed, err := b.store.Process(ctx, "order-1", charge("order-1"), z); err != nil || !processed {
+				t.Errorf("Process after Forget: %v, %v; want processed", processed, err)
+			}
+		})
+	}
+}
+
+// On the plain layout Cleanup deletes an expired row: its ID is new again.
+func TestProcessResultAfterCleanup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	a, z := pgdedup.WithFingerprint([]byte("payload a")), pgdedup.WithFingerprint([]byte("payload z"))
-	if _, _, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), a); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Process(ctx, "order-1", charge("order-1"), a); err != nil {
+	first, _, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	expire(t, b, "billing")
-	for _, opt := range []pgdedup.Option{a, z, nil} {
-		res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), opt)
-		if !errors.Is(err, pgdedup.ErrResultExpired) || processed || res != nil || !strings.Contains(err.Error(), `"req-1"`) {
-			t.Errorf("duplicate of an expired row: %q, %v, %v; want ErrResultExpired", res, processed, err)
-		}
-	}
-	if processed, err := b.store.Process(ctx, "order-1", charge("order-1"), z); err != nil || processed {
-		t.Errorf("Process, other payload, expired row: %v, %v; want a plain duplicate", processed, err)
-	}
-	if n := chargesPerOrder(t, b.pool)["req-1"]; n != 1 {
-		t.Errorf("req-1 charged %d times, want 1", n)
-	}
-	// Once Cleanup deleted the row, the ID is new again.
 	if _, err := b.store.Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1"), z); err != nil || !processed || len(res) == 0 {
-		t.Errorf("after Cleanup: %q, %v, %v; want processed", res, processed, err)
+	if res, processed, err := b.store.ProcessResult(ctx, "req-1", reply("req-1")); err != nil || !processed || string(res) == string(first) {
+		t.Errorf("after Cleanup: %q, %v, %v; want processed with a new answer", res, processed, err)
 	}
 }
 

@@ -18,7 +18,8 @@ import (
 // retry runs attempt until it succeeds, fails permanently, MaxAttempts is
 // reached or ctx is done, sleeping a jittered, growing backoff in between.
 // Only failures of the database are retried (see IsTransient): attempt marks
-// the errors of its own statements and of fn with fromDatabase and fromFn.
+// the errors of its own statements with fromDatabase, and fn's errors with
+// fromFn's verdict on pgdedup's own transaction.
 func (s *Store) retry(ctx context.Context, id string, attempt func() error) error {
 	for n := 1; ; n++ {
 		err := attempt()
@@ -46,33 +47,51 @@ func backoff(n int) time.Duration {
 }
 
 // IsTransient reports whether err is a failure of the database that trying
-// again can cure. It answers true for:
+// again can cure.
+//
+// For an error returned by [Store.Process], [Store.ProcessBatch],
+// [Store.ProcessOffsets], [Store.ProcessOffset] or [Store.ProcessResult]
+// after fn failed, it answers true only when pgdedup's own transaction failed
+// under fn: its connection was lost, or the transaction was aborted by a
+// serialization failure or deadlock (or, on Citus, a worker's connection
+// failure). These calls retried such a failure up to [Config.MaxAttempts]
+// already. Any other error fn returned comes back as fn returned it, after one
+// attempt, and IsTransient answers false for it, whatever its type or
+// SQLSTATE: a second database connection's error, a payment gateway's error
+// carrying SQLSTATE 40001, an HTTP client's error. pgdedup cannot know
+// whether that other system acted on the request, so whether to requeue is
+// the caller's decision (inspect the error with errors.As).
+//
+// For any other error, such as one of the caller's own statements or of
+// [Store.Claim] in the caller's transaction, it answers true for:
 //
 //   - an error carrying one of these SQLSTATEs, from pgx's *pgconn.PgError or
 //     from any database/sql driver whose error has a SQLState() string method
 //     (lib/pq, pgx's stdlib): serialization failure 40001, deadlock 40P01,
 //     admin or crash shutdown 57P01 and 57P02, cannot connect now 57P03, and
 //     the connection exceptions of class 08;
-//   - a connection to the database lost under a statement that pgdedup sent,
-//     or under fn's transaction in [Store.Process] and the other Process calls
+//   - a connection to the database lost under a statement that pgdedup sent
 //     (pgdedup marks those errors itself);
 //   - a connection that could not be opened (*pgconn.ConnectError), an error
 //     pgx reports as safe to retry because nothing was sent, and
 //     database/sql's driver.ErrBadConn.
 //
 // It answers false for everything else, in particular for io.EOF, a reset
-// connection or any other network error that does not come from the
-// database: an HTTP client's error or a decoder's io.EOF returned by fn is not
-// transient, whatever its type, because pgdedup cannot know whether the other
-// side acted on the request. Context cancellation is never transient. It
-// classifies by SQLSTATE and type, never by message text.
+// connection or any other network error that pgdedup did not mark as its own
+// connection's loss: an HTTP client's error or a decoder's io.EOF is not
+// transient, because pgdedup cannot know whether the other side acted on the
+// request. Context cancellation is never transient. It never reads an
+// error's message text.
 //
-// [Store.Process], [Store.ProcessBatch] and [Store.ProcessOffsets] retry what
-// it calls transient themselves, up to [Config.MaxAttempts]. A consumer can
-// use it to decide between requeueing a message (true) and dead-lettering it.
+// A consumer can use it to decide between requeueing a message (true) and
+// dead-lettering it.
 func IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
+	}
+	var fnErr *fnError
+	if errors.As(err, &fnErr) {
+		return fnErr.transient
 	}
 	var lost *connLostError
 	if errors.As(err, &lost) {
@@ -131,21 +150,49 @@ func fromDatabase(err error) error {
 	return &connLostError{err}
 }
 
-// fromFn marks err, returned by fn, as a lost connection when tx's connection
-// is closed, which pgx does when the connection fails. Otherwise err is
-// returned unchanged: whatever its type, it did not come from tx's connection
-// (an HTTP call's EOF, a decoder's), so it is not retried. Errors the server
-// sent (a *pgconn.PgError, such as a serialization failure) are left as they
-// are: IsTransient reads their SQLSTATE.
-func fromFn(tx pgx.Tx, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+// fnError is an error fn returned, with pgdedup's verdict on it: transient
+// when pgdedup's own transaction failed under fn, so that a new attempt can
+// cure it. IsTransient reads the verdict and nothing else of err: an error
+// from another system keeps its own SQLSTATE and type, but pgdedup does not
+// call it transient. Its message is err's own.
+type fnError struct {
+	err       error
+	transient bool
+}
+
+func (e *fnError) Error() string { return e.err.Error() }
+func (e *fnError) Unwrap() error { return e.err }
+
+// fromFn returns err, returned by fn, with the verdict of whether tx, pgdedup's
+// own transaction, failed. tx failed when its connection is closed (pgx
+// closes it when the connection fails), or when tx is aborted on the server
+// (transaction status 'E') and err carries the serialization failure or
+// deadlock a pgx statement got (a *pgconn.PgError with 40001 or 40P01), or an
+// error l's placement knows a new transaction cures. Anything else, whatever
+// its type or SQLSTATE, did not come from tx: another connection's error, an
+// HTTP call's, a decoder's. It is returned after one attempt and not called
+// transient. Cancellation is left as it is.
+func fromFn(tx pgx.Tx, l *layouts, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	if c := tx.Conn(); c != nil && c.IsClosed() {
-		return &connLostError{err}
+	c := tx.Conn()
+	if c == nil {
+		return &fnError{err: err}
 	}
-	return err
+	if c.IsClosed() {
+		return &fnError{err: err, transient: true}
+	}
+	if c.PgConn().TxStatus() != 'E' {
+		return &fnError{err: err}
+	}
+	err = l.transient(err) // a partitioned table's advice; Citus's XX000
+	if _, lost := err.(*connLostError); lost {
+		return &fnError{err: err, transient: true}
+	}
+	var pgErr *pgconn.PgError
+	aborted := errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+	return &fnError{err: err, transient: aborted}
 }
 
 // isNetworkFailure reports whether err is a transport failure (not an answer

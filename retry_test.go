@@ -23,6 +23,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
 // raise makes fn fail with the given SQLSTATE on its first calls.
@@ -338,5 +340,249 @@ func TestIsTransientThroughDatabaseSQL(t *testing.T) {
 		if got := pgdedup.IsTransient(err); err == nil || got != want {
 			t.Errorf("%s through database/sql: err=%v, IsTransient=%v, want %v", code, err, got, want)
 		}
+	}
+}
+
+// gatewayError is a payment gateway client's error that exposes a SQLSTATE of
+// its own: 40001, "try again later" in the gateway's protocol.
+type gatewayError struct{}
+
+func (gatewayError) Error() string    { return "gateway: conflict, retry later" }
+func (gatewayError) SQLState() string { return "40001" }
+
+// processCalls are the four calls that run fn in a transaction of their own,
+// each running fn once per attempt on the ID or offset "m1"/1. They share one
+// engine path, so fn's errors are retried alike.
+var processCalls = map[string]func(ctx context.Context, s *pgdedup.Store, fn func(context.Context, pgx.Tx) error) (bool, error){
+	"Process": func(ctx context.Context, s *pgdedup.Store, fn func(context.Context, pgx.Tx) error) (bool, error) {
+		return s.Process(ctx, "m1", fn)
+	},
+	"ProcessBatch": func(ctx context.Context, s *pgdedup.Store, fn func(context.Context, pgx.Tx) error) (bool, error) {
+		fresh, err := s.ProcessBatch(ctx, []string{"m1"}, func(ctx context.Context, tx pgx.Tx, _ []string) error { return fn(ctx, tx) })
+		return len(fresh) == 1, err
+	},
+	"ProcessOffsets": func(ctx context.Context, s *pgdedup.Store, fn func(context.Context, pgx.Tx) error) (bool, error) {
+		fresh, err := s.ProcessOffsets(ctx, pgdedup.Partition{Topic: "orders"}, []int64{1}, func(ctx context.Context, tx pgx.Tx, _ []int64) error { return fn(ctx, tx) })
+		return len(fresh) == 1, err
+	},
+	"ProcessResult": func(ctx context.Context, s *pgdedup.Store, fn func(context.Context, pgx.Tx) error) (bool, error) {
+		_, processed, err := s.ProcessResult(ctx, "m1", func(ctx context.Context, tx pgx.Tx) ([]byte, error) { return []byte("ok"), fn(ctx, tx) })
+		return processed, err
+	},
+}
+
+// fn writes to a second database connection (a ledger service's pool, here
+// through a proxy), which drops mid-fn after the ledger's row committed.
+// pgdedup's own transaction is intact: fn's error comes back after one call
+// (a retry would write the ledger's row twice) and is not transient (the
+// caller must not requeue on it either).
+func TestProcessDoesNotRetryAnotherConnection(t *testing.T) {
+	t.Parallel()
+	for name, call := range processCalls {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, pgdedup.Config{})
+			ctx := ctxT(t)
+			mustExec(t, b.pool, `CREATE TABLE ledger (id bigserial PRIMARY KEY, entry text NOT NULL)`)
+			proxy, proxied := pgtest.NewProxy(t, b.db.URL, wireproxy.Config{})
+			ledger := pgtest.Pool(t, proxied, 1)
+			mustExec(t, ledger, `SELECT 1`) // the ledger's connection is open before fn
+			calls := 0
+			processed, err := call(ctx, b.store, func(ctx context.Context, tx pgx.Tx) error {
+				calls++
+				if err := charge("order-1")(ctx, tx); err != nil {
+					return err
+				}
+				if _, err := ledger.Exec(ctx, `INSERT INTO ledger (entry) VALUES ('debit order-1')`); err != nil {
+					return fmt.Errorf("ledger: %w", err)
+				}
+				proxy.Close() // the ledger's connection drops
+				if _, err := ledger.Exec(ctx, `INSERT INTO ledger (entry) VALUES ('fee order-1')`); err != nil {
+					return fmt.Errorf("ledger: %w", err)
+				}
+				return nil
+			})
+			if err == nil || processed {
+				t.Fatalf("processed=%v err=%v, want the ledger's error", processed, err)
+			}
+			if calls != 1 {
+				t.Fatalf("fn ran %d times, want 1: the ledger's row was written %d times", calls, calls)
+			}
+			if pgdedup.IsTransient(err) {
+				t.Fatalf("IsTransient(%v) = true, want false: pgdedup's transaction did not fail", err)
+			}
+			var n int
+			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n); err != nil || n != 1 {
+				t.Fatalf("ledger has %d rows (%v), want 1", n, err)
+			}
+			if recorded(t, b.pool, "billing", "m1") || len(chargesPerOrder(t, b.pool)) != 0 {
+				t.Fatal("fn's error left the ID recorded or the charge written")
+			}
+		})
+	}
+}
+
+// fn calls a payment gateway whose client error carries SQLSTATE 40001 (in
+// the gateway's protocol, not PostgreSQL's). pgdedup's own transaction did
+// not fail by a serialization failure: intact, or aborted by another error
+// (a unique violation) that fn did not return. One call, the error as fn
+// returned it, not transient.
+func TestProcessDoesNotRetryForeignSQLState(t *testing.T) {
+	t.Parallel()
+	for name, call := range processCalls {
+		for _, aborted := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/aborted=%v", name, aborted), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, pgdedup.Config{})
+				ctx := ctxT(t)
+				calls := 0
+				processed, err := call(ctx, b.store, func(ctx context.Context, tx pgx.Tx) error {
+					calls++
+					if err := charge("order-1")(ctx, tx); err != nil {
+						return err
+					}
+					if aborted {
+						_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '23505'; END $$`)
+						if err == nil {
+							t.Fatal("the unique violation was not raised")
+						}
+					}
+					return fmt.Errorf("charge order-1: %w", gatewayError{})
+				})
+				if !errors.As(err, new(gatewayError)) || processed || calls != 1 {
+					t.Fatalf("processed=%v err=%v calls=%d, want the gateway's error after 1 call", processed, err, calls)
+				}
+				if err.Error() != "charge order-1: gateway: conflict, retry later" {
+					t.Fatalf("err = %q, want fn's error unchanged", err)
+				}
+				if pgdedup.IsTransient(err) {
+					t.Fatalf("IsTransient(%v) = true, want false: pgdedup's transaction did not fail", err)
+				}
+				if recorded(t, b.pool, "billing", "m1") {
+					t.Fatal("the ID was recorded although fn failed")
+				}
+			})
+		}
+	}
+}
+
+// Failures of pgdedup's own transaction under fn are still retried, through
+// each of the four calls: its backend terminated, its connection cut, a
+// serialization failure raised in it. When the attempts run out, the error
+// returned is transient: the caller can requeue.
+func TestProcessRetriesOwnTransaction(t *testing.T) {
+	t.Parallel()
+	failures := map[string]func(t *testing.T, b *bundle, ctx context.Context, tx pgx.Tx) error{
+		"backend terminated": func(t *testing.T, b *bundle, ctx context.Context, tx pgx.Tx) error {
+			var pid int
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				return err
+			}
+			if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
+				t.Fatal(err)
+			}
+			_, err := tx.Exec(ctx, `SELECT 1`)
+			return fmt.Errorf("charge: %w", err)
+		},
+		"connection closed": func(t *testing.T, b *bundle, ctx context.Context, tx pgx.Tx) error {
+			tx.Conn().PgConn().Close(ctx) //nolint:errcheck // what is tested is fn's next statement
+			_, err := tx.Exec(ctx, `SELECT 1`)
+			return fmt.Errorf("charge: %w", err)
+		},
+		"serialization failure": func(t *testing.T, b *bundle, ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
+			return fmt.Errorf("charge: %w", err)
+		},
+		"deadlock": func(t *testing.T, b *bundle, ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40P01'; END $$`)
+			return fmt.Errorf("charge: %w", err)
+		},
+	}
+	for name, call := range processCalls {
+		for failure, fail := range failures {
+			t.Run(name+"/"+failure, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, pgdedup.Config{})
+				ctx := ctxT(t)
+				calls := 0
+				processed, err := call(ctx, b.store, func(ctx context.Context, tx pgx.Tx) error {
+					calls++
+					if err := charge("order-1")(ctx, tx); err != nil {
+						return err
+					}
+					if calls == 1 {
+						return fail(t, b, ctx, tx)
+					}
+					return nil
+				})
+				if err != nil || !processed || calls != 2 {
+					t.Fatalf("processed=%v err=%v calls=%d, want true, nil, 2", processed, err, calls)
+				}
+				if got := chargesPerOrder(t, b.pool)["order-1"]; got != 1 {
+					t.Fatalf("order-1 charged %d times, want 1", got)
+				}
+				// Every attempt fails: the last failure comes back transient.
+				b2 := setup(t, pgdedup.Config{MaxAttempts: 2})
+				calls = 0
+				_, err = call(ctx, b2.store, func(ctx context.Context, tx pgx.Tx) error {
+					calls++
+					return fail(t, b2, ctx, tx)
+				})
+				if err == nil || calls != 2 || !pgdedup.IsTransient(err) {
+					t.Fatalf("err=%v calls=%d transient=%v, want a transient error after 2 calls", err, calls, pgdedup.IsTransient(err))
+				}
+			})
+		}
+	}
+}
+
+// A real serialization failure of pgdedup's own SERIALIZABLE transaction
+// (write skew with another transaction that commits first) is retried.
+func TestProcessRetriesOwnSerializationFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}})
+	ctx := ctxT(t)
+	mustExec(t, b.pool, `CREATE TABLE oncall (doctor text PRIMARY KEY, on_call bool NOT NULL)`)
+	mustExec(t, b.pool, `INSERT INTO oncall VALUES ('alice', true), ('bob', true)`)
+	calls := 0
+	var firstErr error
+	processed, err := b.store.Process(ctx, "m1", func(ctx context.Context, tx pgx.Tx) error {
+		calls++
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM oncall WHERE on_call`).Scan(&n); err != nil {
+			return err
+		}
+		if calls == 1 {
+			// Bob's transaction reads the same rows and takes Bob off call, and
+			// commits first.
+			other, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, other, `SELECT count(*) FROM oncall WHERE on_call`)
+			mustExec(t, other, `UPDATE oncall SET on_call = false WHERE doctor = 'bob'`)
+			if err := other.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n < 2 {
+			return nil // someone must stay on call
+		}
+		_, err := tx.Exec(ctx, `UPDATE oncall SET on_call = false WHERE doctor = 'alice'`)
+		if calls == 1 {
+			firstErr = err
+		}
+		return err
+	})
+	if err != nil || !processed || calls != 2 {
+		t.Fatalf("processed=%v err=%v calls=%d, want true, nil, 2", processed, err, calls)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(firstErr, &pgErr) || pgErr.Code != "40001" {
+		t.Fatalf("the first attempt failed with %v, want a serialization failure", firstErr)
+	}
+	var onCall int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM oncall WHERE on_call`).Scan(&onCall); err != nil || onCall != 1 {
+		t.Fatalf("%d doctors on call (%v), want 1", onCall, err)
 	}
 }

@@ -45,8 +45,6 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, id string, f
 		m.failed(w)
 	case errors.Is(err, pgdedup.ErrInFlight):
 		m.inFlight(w)
-	case errors.Is(err, pgdedup.ErrResultExpired):
-		m.keyExpired(w)
 	case errors.Is(err, pgdedup.ErrPayloadMismatch):
 		m.keyReused(w)
 	case err != nil:
@@ -67,7 +65,7 @@ func (m *Middleware) answerClientError(w http.ResponseWriter, r *http.Request, i
 	if m.keeps(resp.status) {
 		ok, err := m.keepAnswer(r.Context(), id, fp, resp)
 		switch {
-		case errors.Is(err, pgdedup.ErrPayloadMismatch), errors.Is(err, pgdedup.ErrResultExpired):
+		case errors.Is(err, pgdedup.ErrPayloadMismatch):
 			// Another request holds the key: nothing to keep.
 		case err != nil:
 			m.log.WarnContext(r.Context(), "idempotency: a 4xx answer was sent without being kept", "consumer", m.store.Consumer(), "error", err)

@@ -13,7 +13,8 @@ import (
 // A key's response is pgdedup's stored result (pgdedup.Store.ProcessResult),
 // in the format of stored.go, and the request's fingerprint is pgdedup's
 // (pgdedup.WithFingerprint): a reused key with another request is a
-// pgdedup.ErrPayloadMismatch, an expired one pgdedup.ErrResultExpired. The
+// pgdedup.ErrPayloadMismatch. A key is a duplicate until its row is deleted
+// (by the cleaner), past its expires_at or not: its answer replays. The
 // one statement of its own the middleware sends is in this file: it reads
 // answers that versions before stored results kept in the columns of
 // migration 00002, while such rows last (one Retention after the upgrade).

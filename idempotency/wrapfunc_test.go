@@ -8,10 +8,12 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgdedup/pgdedup/idempotency"
 )
+
+// errSerialization makes the handler of TestWrapFuncErrorRollsBack fail its
+// transaction with a serialization failure and return the server's error.
+var errSerialization = errors.New("raise 40001 in the transaction")
 
 // TestWrapFuncErrorRollsBack: a handler error undoes its writes and leaves the
 // key free; a transient error re-runs the handler in a new transaction.
@@ -28,6 +30,9 @@ func TestWrapFuncErrorRollsBack(t *testing.T) {
 		select {
 		case err := <-failWith:
 			fmt.Fprint(w, "half-written answer") // discarded
+			if err == errSerialization {
+				_, err = idempotency.Tx(r.Context()).Exec(r.Context(), `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
+			}
 			return err
 		default:
 		}
@@ -40,7 +45,7 @@ func TestWrapFuncErrorRollsBack(t *testing.T) {
 	if r := post(t, srv.URL, "k", order); !isProblem(r, 500) || charges(t, b.pool) != 0 || keys(t, b.pool) != 0 {
 		t.Fatalf("handler error: %v; %d charges, %d keys", r, charges(t, b.pool), keys(t, b.pool))
 	}
-	failWith <- &pgconn.PgError{Code: "40001"} // serialization failure: retried at once
+	failWith <- errSerialization // the transaction's serialization failure: retried at once
 	if r := post(t, srv.URL, "k", order); r.status != 201 || r.replayed() {
 		t.Fatalf("after a transient error: %v", r)
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
@@ -44,14 +43,15 @@ func chargeBatch(ctx context.Context, tx pgx.Tx, fresh []string) error {
 	return err
 }
 
-// failOnce makes fn fail its first attempt with a serialization failure, which
-// Process retries.
+// failOnce makes fn's transaction fail its first attempt with a
+// serialization failure, which Process retries.
 func failOnce(fn func(context.Context, pgx.Tx) error) func(context.Context, pgx.Tx) error {
 	failed := false
 	return func(ctx context.Context, tx pgx.Tx) error {
 		if !failed {
 			failed = true
-			return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END $$`)
+			return err
 		}
 		return fn(ctx, tx)
 	}

@@ -23,6 +23,7 @@ type loss struct {
 	columns []string // nil: the table itself is dropped
 	rows    int64    // rows of the table, or rows with a value in one of the columns
 	absent  bool     // the table (or each column) is not there: nothing to lose
+	derived string   // how the columns' values are computed from others; then nothing is lost
 }
 
 func (l loss) String() string {
@@ -33,6 +34,8 @@ func (l loss) String() string {
 		return fmt.Sprintf("table %s: %d rows", l.table, l.rows)
 	case l.absent:
 		return fmt.Sprintf("columns %s of %s: not there", strings.Join(l.columns, ", "), l.table)
+	case l.derived != "":
+		return fmt.Sprintf("columns %s of %s: %s, nothing is lost", strings.Join(l.columns, ", "), l.table, l.derived)
 	}
 	return fmt.Sprintf("columns %s of %s: %d rows hold a value in them", strings.Join(l.columns, ", "), l.table, l.rows)
 }
@@ -73,7 +76,7 @@ func (c *command) down(ctx context.Context, db *sql.DB, p *goose.Provider, confi
 	if err != nil {
 		return c.fail(err)
 	}
-	drops, err := downLosses(string(src))
+	drops, others, err := downDrops(string(src))
 	if err != nil {
 		return c.fail(fmt.Errorf("%s: %w", name, err))
 	}
@@ -82,18 +85,25 @@ func (c *command) down(ctx context.Context, db *sql.DB, p *goose.Provider, confi
 		if err := count(ctx, db, &drops[i]); err != nil {
 			return c.fail(err)
 		}
-		data = data || drops[i].rows > 0
+		data = data || (drops[i].rows > 0 && drops[i].derived == "")
 	}
 	delete(versions, current)
 	prev := newest(versions)
 	fmt.Fprintf(c.stdout, "migrate down reverts %s (version %d; afterwards at version %d).\n", name, current, prev)
-	if len(drops) == 0 {
-		fmt.Fprintln(c.stdout, "It drops no table and no column.")
+	if len(drops)+len(others) == 0 {
+		fmt.Fprintln(c.stdout, "It drops nothing.")
 	} else {
 		fmt.Fprintln(c.stdout, "It drops:")
 		for _, l := range drops {
 			fmt.Fprintf(c.stdout, "  %s\n", l)
 		}
+		for _, d := range others {
+			fmt.Fprintf(c.stdout, "  %s\n", d)
+		}
+	}
+	if what, ok := neededBy[current]; ok {
+		fmt.Fprintf(c.stdout, "Afterwards this pgdedup fails where it needs version %d: %s. "+
+			"Deploy a release for version %d first, or migrate up again.\n", current, what, prev)
 	}
 	switch {
 	case !confirm:
@@ -168,71 +178,172 @@ WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped AND a
 	return nil
 }
 
+// dropped is an object a Down section drops that holds no data of its own:
+// an index, a function, a trigger, a constraint.
+type dropped struct {
+	kind     string // "index", "function", "trigger", "constraint"
+	name     string // a function's with its argument types
+	table    string // a trigger's or constraint's table
+	replaced bool   // a constraint added again by the same statement
+}
+
+func (d dropped) String() string {
+	switch {
+	case d.replaced:
+		return fmt.Sprintf("%s %s of %s, added again (redefined)", d.kind, d.name, d.table)
+	case d.table != "":
+		return fmt.Sprintf("%s %s of %s", d.kind, d.name, d.table)
+	}
+	return d.kind + " " + d.name
+}
+
+// derivedColumns are the columns whose values pgdedup computes from others:
+// dropping them loses nothing, so they do not need --discard-data.
+var derivedColumns = map[string]string{
+	"processed_messages.key": "computed from consumer and message_id",
+}
+
+// neededBy says what this pgdedup cannot do once a migration is reverted.
+var neededBy = map[int64]string{
+	3: "every claim, Lookup and Forget (`pgdedup lookup`, `pgdedup forget`) use key",
+	4: "offset claims use processed_offsets",
+	6: "fingerprints and stored results (ProcessResult, the HTTP middleware) use its columns",
+}
+
 var (
-	ident       = `[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)?`
-	dropTable   = regexp.MustCompile(`(?i)^DROP TABLE (?:IF EXISTS )?(` + ident + `(?:, ?` + ident + `)*)(?: CASCADE| RESTRICT)?;$`)
-	alterTable  = regexp.MustCompile(`(?i)^ALTER TABLE (?:IF EXISTS )?(?:ONLY )?(` + ident + `) (.*);$`)
-	dropColumn  = regexp.MustCompile(`(?i)^DROP (?:COLUMN )?(?:IF EXISTS )?([A-Za-z_][A-Za-z0-9_$]*)(?: CASCADE| RESTRICT)?$`)
-	destroysAny = regexp.MustCompile(`(?i)\b(DROP\s+TABLE|DROP\s+COLUMN|DROP\s+SCHEMA|TRUNCATE|DELETE\s+FROM)\b`)
+	ident      = `[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)?`
+	identList  = ident + `(?:, ?` + ident + `)*`
+	dropTable  = regexp.MustCompile(`(?i)\bDROP TABLE (?:IF EXISTS )?(` + identList + `)(?: CASCADE| RESTRICT)?\s*$`)
+	dropIndex  = regexp.MustCompile(`(?i)\bDROP INDEX (?:CONCURRENTLY )?(?:IF EXISTS )?(` + identList + `)(?: CASCADE| RESTRICT)?\s*$`)
+	dropFunc   = regexp.MustCompile(`(?i)\bDROP FUNCTION (?:IF EXISTS )?(` + ident + `) ?\(([^()]*)\)(?: CASCADE| RESTRICT)?\s*$`)
+	dropTrig   = regexp.MustCompile(`(?i)\bDROP TRIGGER (?:IF EXISTS )?(` + ident + `) ON (` + ident + `)(?: CASCADE| RESTRICT)?\s*$`)
+	createIdx  = regexp.MustCompile(`(?i)\bCREATE (?:UNIQUE )?INDEX (?:CONCURRENTLY )?(?:IF NOT EXISTS )?(` + ident + `) ON\b`)
+	alterTable = regexp.MustCompile(`(?i)\bALTER TABLE (?:IF EXISTS )?(?:ONLY )?(` + ident + `) (.*)$`)
+	dropColumn = regexp.MustCompile(`(?i)^DROP (?:COLUMN )?(?:IF EXISTS )?([A-Za-z_][A-Za-z0-9_$]*)(?: CASCADE| RESTRICT)?$`)
+	dropConstr = regexp.MustCompile(`(?i)^DROP CONSTRAINT (?:IF EXISTS )?([A-Za-z_][A-Za-z0-9_$]*)(?: CASCADE| RESTRICT)?$`)
+	addConstr  = regexp.MustCompile(`(?i)^ADD CONSTRAINT ([A-Za-z_][A-Za-z0-9_$]*) `)
+	destroys   = regexp.MustCompile(`(?i)\b(DROP|TRUNCATE|DELETE\s+FROM)\b`)
 )
 
-// downLosses reads the Down section of a goose migration and returns the
-// tables and columns its statements drop. It reads the statements goose runs
-// one by one; a StatementBegin block (a DO block, a function body) is taken
-// as dropping no data, which a test checks for each of pgdedup's migrations.
-// A statement it cannot read that looks destructive is an error, so that a
-// new migration cannot slip past the guard.
-func downLosses(src string) ([]loss, error) {
-	var losses []loss
-	part, inBlock := "", false
-	var stmt strings.Builder
+// downDrops reads the Down section of a goose migration and returns what its
+// statements drop: the tables and columns (losses, whose data the guard
+// counts), and the indexes, functions, triggers and constraints. It reads
+// every statement of the section, those in a StatementBegin block (a DO
+// block) too, whether a condition guards them or not: the summary says what
+// the revert may drop. An index the section creates itself and drops again
+// is left out. A statement it cannot read that drops or deletes anything is
+// an error, so that a new migration cannot slip past the summary; a test
+// runs each of pgdedup's Down sections on a database and compares the schema
+// before and after with what this returns.
+func downDrops(src string) (losses []loss, others []dropped, err error) {
+	part := ""
+	var body strings.Builder
 	for line := range strings.Lines(src) {
-		if annotation, ok := gooseAnnotation(line, &part); ok {
-			switch annotation {
-			case "STATEMENTBEGIN":
-				inBlock = true
-			case "STATEMENTEND":
-				inBlock = false
-			}
+		if _, ok := gooseAnnotation(line, &part); ok || part != "down" {
 			continue
 		}
-		trimmed := strings.TrimSpace(line)
-		if part != "down" || inBlock || strings.HasPrefix(trimmed, "--") || trimmed == "" {
-			continue
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i]
 		}
-		if i := strings.Index(trimmed, " --"); i >= 0 {
-			trimmed = strings.TrimSpace(trimmed[:i])
-		}
-		stmt.WriteString(trimmed + " ")
-		if !strings.HasSuffix(trimmed, ";") {
-			continue
-		}
-		s := strings.Join(strings.Fields(stmt.String()), " ")
-		stmt.Reset()
-		if m := dropTable.FindStringSubmatch(s); m != nil {
-			for _, t := range strings.Split(m[1], ",") {
+		body.WriteString(line + " ")
+	}
+	created := map[string]bool{}
+	for _, m := range createIdx.FindAllStringSubmatch(body.String(), -1) {
+		created[m[1]] = true
+	}
+	// Every statement, those inside a DO block too, ends with a semicolon;
+	// what precedes one inside a block (IF … THEN) is ignored by the
+	// patterns, which match up to the semicolon.
+	for _, st := range strings.Split(body.String(), ";") {
+		s := strings.Join(strings.Fields(st), " ")
+		rest := s
+		switch {
+		case dropTable.MatchString(s):
+			for _, t := range strings.Split(dropTable.FindStringSubmatch(s)[1], ",") {
 				losses = append(losses, loss{table: strings.TrimSpace(t)})
 			}
-			continue
-		}
-		if m := alterTable.FindStringSubmatch(s); m != nil {
-			var cols []string
-			for _, action := range strings.Split(m[2], ",") {
-				action = strings.TrimSpace(action)
-				if c := dropColumn.FindStringSubmatch(action); c != nil && !strings.HasPrefix(strings.ToUpper(action), "DROP CONSTRAINT") {
-					cols = append(cols, c[1])
-				} else if destroysAny.MatchString(action) {
-					return nil, fmt.Errorf("cannot tell what %q drops", s)
+			rest = dropTable.ReplaceAllString(s, "")
+		case dropIndex.MatchString(s):
+			for _, i := range strings.Split(dropIndex.FindStringSubmatch(s)[1], ",") {
+				if i = strings.TrimSpace(i); !created[i] {
+					others = append(others, dropped{kind: "index", name: i})
 				}
 			}
-			if cols != nil {
-				losses = append(losses, loss{table: m[1], columns: cols})
+			rest = dropIndex.ReplaceAllString(s, "")
+		case dropFunc.MatchString(s):
+			f := dropFunc.FindStringSubmatch(s)
+			args := strings.Join(strings.Fields(strings.ReplaceAll(f[2], ",", ", ")), " ")
+			others = append(others, dropped{kind: "function", name: f[1] + "(" + args + ")"})
+			rest = dropFunc.ReplaceAllString(s, "")
+		case dropTrig.MatchString(s):
+			f := dropTrig.FindStringSubmatch(s)
+			others = append(others, dropped{kind: "trigger", name: f[1], table: f[2]})
+			rest = dropTrig.ReplaceAllString(s, "")
+		case alterTable.MatchString(s):
+			f := alterTable.FindStringSubmatch(s)
+			l, o, err := alterDrops(f[1], f[2])
+			if err != nil {
+				return nil, nil, fmt.Errorf("cannot tell what %q drops: %w", s, err)
 			}
-			continue
+			losses, others = append(losses, l...), append(others, o...)
+			rest = alterTable.ReplaceAllString(s, "")
 		}
-		if destroysAny.MatchString(s) {
-			return nil, fmt.Errorf("cannot tell what %q drops", s)
+		if destroys.MatchString(rest) {
+			return nil, nil, fmt.Errorf("cannot tell what %q drops", s)
 		}
 	}
-	return losses, nil
+	return losses, others, nil
+}
+
+// alterDrops returns what the actions of one ALTER TABLE on table drop.
+func alterDrops(table, actions string) ([]loss, []dropped, error) {
+	var cols []string
+	var others []dropped
+	added := map[string]bool{}
+	for _, action := range splitTop(actions) {
+		if m := addConstr.FindStringSubmatch(action); m != nil {
+			added[m[1]] = true
+		}
+	}
+	for _, action := range splitTop(actions) {
+		switch {
+		case dropConstr.MatchString(action):
+			c := dropConstr.FindStringSubmatch(action)[1]
+			others = append(others, dropped{kind: "constraint", name: c, table: table, replaced: added[c]})
+		case dropColumn.MatchString(action):
+			cols = append(cols, dropColumn.FindStringSubmatch(action)[1])
+		case strings.HasPrefix(strings.ToUpper(action), "ALTER "):
+			// ALTER COLUMN … DROP DEFAULT or NOT NULL drops no data.
+		case destroys.MatchString(action):
+			return nil, nil, fmt.Errorf("action %q", action)
+		}
+	}
+	if cols == nil {
+		return nil, others, nil
+	}
+	l := loss{table: table, columns: cols}
+	if len(cols) == 1 {
+		l.derived = derivedColumns[table+"."+cols[0]]
+	}
+	return []loss{l}, others, nil
+}
+
+// splitTop splits s at the commas outside parentheses.
+func splitTop(s string) []string {
+	var parts []string
+	depth, start := 0, 0
+	for i, r := range s {
+		switch r {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		case ',':
+			if depth == 0 {
+				parts = append(parts, strings.TrimSpace(s[start:i]))
+				start = i + 1
+			}
+		}
+	}
+	return append(parts, strings.TrimSpace(s[start:]))
 }
