@@ -1,0 +1,121 @@
+package pgdedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Action is what a consumer does with a message after a call of [Store.Process]
+// or one of its kin: [ActionFor] returns it for the call's error.
+// docs/errors.md lists every error pgdedup returns with its Action.
+type Action int
+
+const (
+	// ActionAck means the message is done: acknowledge it. Its effect
+	// committed now or in an earlier delivery (a duplicate is not an error).
+	ActionAck Action = iota
+	// ActionRequeue means a later attempt can succeed: nack the message so
+	// that the broker redelivers it, after a delay where the broker has one.
+	// Nothing was recorded.
+	ActionRequeue
+	// ActionStop means the consumer is shutting down or no longer owns the
+	// message's partition: neither acknowledge nor dead-letter it, and stop
+	// taking messages. The broker redelivers it to whoever consumes next.
+	// Nothing was recorded.
+	ActionStop
+	// ActionDeadLetter means no attempt can ever succeed: send the message to
+	// the dead-letter queue, or reject it without requeueing. Nothing was
+	// recorded.
+	ActionDeadLetter
+)
+
+// String returns "ack", "requeue", "stop" or "dead-letter".
+func (a Action) String() string {
+	switch a {
+	case ActionAck:
+		return "ack"
+	case ActionRequeue:
+		return "requeue"
+	case ActionStop:
+		return "stop"
+	case ActionDeadLetter:
+		return "dead-letter"
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
+// ActionFor answers "ack, requeue, stop or dead-letter?" for err, the error
+// of [Store.Process], [Store.ProcessBatch], [Store.ProcessOffsets],
+// [Store.ProcessResult] or a claim, wrapped or not. A duplicate is not an
+// error: nil is [ActionAck].
+//
+// It answers:
+//
+//   - [ActionAck] for nil and for [ErrResultExpired]: the message was
+//     processed by an earlier delivery.
+//   - [ActionStop] for a canceled context (a shutdown) and for [ErrFenced]
+//     (a newer consumer owns the partition).
+//   - [ActionRequeue] for what a later attempt can cure: every error that
+//     [IsTransient] calls transient, [ErrInFlight], [ErrCleanupStarved], a
+//     context deadline, and the database conditions docs/errors.md lists (a
+//     lock or statement timeout, too many connections or another lack of
+//     resources, a row that fits no partition because the cleaner is late,
+//     a [Partitioned] Store on a table Setup has not moved yet).
+//   - [ActionDeadLetter] for everything else: invalid input (such as
+//     [ErrInvalidMessageID], [ErrPayloadMismatch], [ErrTooLate]), an
+//     invalid [Config], and fn's own errors, which pgdedup cannot know to
+//     be curable. fn can return an error a retry cures when it wraps one
+//     of the conditions above.
+//
+// It classifies by error type and SQLSTATE, never by message text.
+func ActionFor(err error) Action {
+	switch {
+	case err == nil, errors.Is(err, ErrResultExpired):
+		return ActionAck
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrFenced):
+		return ActionStop
+	case IsTransient(err), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, ErrInFlight), errors.Is(err, ErrCleanupStarved),
+		errors.As(err, new(*notSetUpError)), retryableSQLState(err):
+		return ActionRequeue
+	}
+	return ActionDeadLetter
+}
+
+// retryableSQLState reports whether err carries a SQLSTATE that a later
+// attempt can cure, beyond those IsTransient retries at once: conditions of
+// the server's load, its settings or the cleaner's schedule, which a retry
+// within one call would only prolong.
+func retryableSQLState(err error) bool {
+	code, ok := sqlState(err)
+	if !ok {
+		return false
+	}
+	switch code {
+	case "55P03", // lock_not_available: lock_timeout, NOWAIT
+		"57014", // query_canceled: statement_timeout
+		"25P03", // idle_in_transaction_session_timeout
+		"57P05": // idle_session_timeout
+		return true
+	case "23514": // check_violation
+		// A row that fits no partition ("no partition of relation … found
+		// for row"): the cleaner, or whoever makes the partitions, is late.
+		// A violated CHECK constraint names its constraint, and can never
+		// succeed.
+		var pgErr *pgconn.PgError
+		return errors.As(err, &pgErr) && pgErr.ConstraintName == ""
+	}
+	// insufficient_resources: too many connections, out of memory, disk full
+	return code[:min(len(code), 2)] == "53"
+}
+
+// notSetUpError is the error of a claim by a Store whose [Config.Layout] is
+// [Partitioned] on a table [Store.Setup] has not moved yet: Setup cures it,
+// so [ActionFor] answers [ActionRequeue]. Its message is the error's own.
+type notSetUpError struct{ err error }
+
+func (e *notSetUpError) Error() string { return e.err.Error() }
+func (e *notSetUpError) Unwrap() error { return e.err }
