@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5/pgconn"
+	"strings"
 )
 
 // Action is what a consumer does with a message after a call of [Store.Process]
@@ -62,8 +61,9 @@ func (a Action) String() string {
 //     [IsTransient] calls transient, [ErrInFlight], [ErrCleanupStarved], a
 //     context deadline, and the database conditions docs/errors.md lists (a
 //     lock or statement timeout, too many connections or another lack of
-//     resources, a row that fits no partition because the cleaner is late,
-//     a [Partitioned] Store on a table Setup has not moved yet).
+//     resources, a claim that finds no partition because the cleaner is
+//     late, a [Partitioned] Store on a table Setup has not moved yet),
+//     whichever connection the timeouts and the lack of resources come from.
 //   - [ActionDeadLetter] for everything else: invalid input (such as
 //     [ErrInvalidMessageID], [ErrPayloadMismatch], [ErrTooLate]), an
 //     invalid [Config], and fn's own errors, which pgdedup cannot know to
@@ -79,7 +79,7 @@ func ActionFor(err error) Action {
 		return ActionStop
 	case IsTransient(err), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, ErrInFlight), errors.Is(err, ErrCleanupStarved),
-		errors.As(err, new(*notSetUpError)), retryableSQLState(err):
+		errors.As(err, new(*curableError)), retryableSQLState(err):
 		return ActionRequeue
 	}
 	return ActionDeadLetter
@@ -87,8 +87,8 @@ func ActionFor(err error) Action {
 
 // retryableSQLState reports whether err carries a SQLSTATE that a later
 // attempt can cure, beyond those IsTransient retries at once: conditions of
-// the server's load, its settings or the cleaner's schedule, which a retry
-// within one call would only prolong.
+// the server's load or its settings, which a retry within one call would
+// only prolong.
 func retryableSQLState(err error) bool {
 	code, ok := sqlState(err)
 	if !ok {
@@ -100,22 +100,18 @@ func retryableSQLState(err error) bool {
 		"25P03", // idle_in_transaction_session_timeout
 		"57P05": // idle_session_timeout
 		return true
-	case "23514": // check_violation
-		// A row that fits no partition ("no partition of relation … found
-		// for row"): the cleaner, or whoever makes the partitions, is late.
-		// A violated CHECK constraint names its constraint, and can never
-		// succeed.
-		var pgErr *pgconn.PgError
-		return errors.As(err, &pgErr) && pgErr.ConstraintName == ""
 	}
 	// insufficient_resources: too many connections, out of memory, disk full
-	return code[:min(len(code), 2)] == "53"
+	return strings.HasPrefix(code, "53")
 }
 
-// notSetUpError is the error of a claim by a Store whose [Config.Layout] is
-// [Partitioned] on a table [Store.Setup] has not moved yet: Setup cures it,
-// so [ActionFor] answers [ActionRequeue]. Its message is the error's own.
-type notSetUpError struct{ err error }
+// curableError marks an error of pgdedup's own claim that a later attempt
+// cures once something outside the message changes: the table has no
+// partition for the claim's time until a cleaner creates it, and a Store
+// whose [Config.Layout] is [Partitioned] refuses a plain table until
+// [Store.Setup] moves it. [ActionFor] answers [ActionRequeue] for it. Its
+// message is the error's own.
+type curableError struct{ err error }
 
-func (e *notSetUpError) Error() string { return e.err.Error() }
-func (e *notSetUpError) Unwrap() error { return e.err }
+func (e *curableError) Error() string { return e.err.Error() }
+func (e *curableError) Unwrap() error { return e.err }

@@ -346,14 +346,19 @@ func actionCases() map[string]func(t *testing.T) error {
 			return inFn(t, pgdedup.Config{MaxAttempts: 1}, `SELECT pg_terminate_backend(pg_backend_pid())`)
 		},
 		// A serialization failure of fn's own transaction: another one
-		// changes the row after its snapshot.
+		// changes the row after its snapshot (a table of the coordinator's
+		// own on Citus, whose workers take snapshots of their own).
 		"`40001` serialization failure, `40P01` deadlock": func(t *testing.T) error {
 			b := setup(t, pgdedup.Config{MaxAttempts: 1, TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead}})
 			ctx := ctxT(t)
-			mustExec(t, b.pool, `INSERT INTO charges (id, order_id) VALUES (1, 'o1')`)
+			mustExec(t, b.pool, `CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)`)
+			mustExec(t, b.pool, `INSERT INTO accounts VALUES (1, 0)`)
 			_, err := b.store.Process(ctx, "m1", func(ctx context.Context, tx pgx.Tx) error {
-				mustExec(t, b.pool, `UPDATE charges SET order_id = 'o2' WHERE id = 1`)
-				_, err := tx.Exec(ctx, `UPDATE charges SET order_id = 'o3' WHERE id = 1`)
+				if _, err := tx.Exec(ctx, `SELECT balance FROM accounts WHERE id = 1`); err != nil {
+					return err
+				}
+				mustExec(t, b.pool, `UPDATE accounts SET balance = balance + 1 WHERE id = 1`)
+				_, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + 10 WHERE id = 1`)
 				return err
 			})
 			return err
@@ -397,7 +402,7 @@ func actionCases() map[string]func(t *testing.T) error {
 		},
 		// A partitioned table whose partitions the clock has passed, as when
 		// no cleaner ran for the partitions ahead: here they are dropped.
-		"`23514` with no constraint: no partition for the row": func(t *testing.T) error {
+		"`23514` no partition for a claim": func(t *testing.T) error {
 			b := setupPartitioned(t, pgdedup.Config{Retention: time.Hour})
 			ctx := ctxT(t)
 			rows, err := b.pool.Query(ctx, `SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = 'processed_messages'::regclass`)
