@@ -38,6 +38,23 @@ func TestActionString(t *testing.T) {
 	}
 }
 
+// A consumer settles each message as ActionFor says.
+func ExampleActionFor() {
+	for _, err := range []error{
+		nil, // processed, or a duplicate
+		fmt.Errorf("consume: %w", pgdedup.ErrInFlight),
+		context.Canceled, // SIGTERM
+		pgdedup.ErrInvalidMessageID,
+	} {
+		fmt.Println(pgdedup.ActionFor(err))
+	}
+	// Output:
+	// ack
+	// requeue
+	// stop
+	// dead-letter
+}
+
 // errorTableRow is a row of the table in docs/errors.md.
 type errorTableRow struct {
 	error  string   // the first column, as written
