@@ -7,7 +7,8 @@ import (
 )
 
 // The errors pgdedup returns, wrapped with what was being done: compare with
-// errors.Is.
+// errors.Is. [ActionFor] says whether to ack, requeue, stop or dead-letter
+// the message for each one.
 var (
 	// ErrInvalidMessageID is returned, wrapped with the reason, for an ID that is
 	// empty, not valid UTF-8, contains a NUL byte or is longer than

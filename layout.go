@@ -118,7 +118,7 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 	case partitioned:
 		ls.messages = newPartitionedLayout(s.messages, s.partitionMeta)
 	case exists && s.cfg.Layout == Partitioned:
-		return nil, fmt.Errorf("pgdedup: Config.Layout is Partitioned but %s is a plain table: call Store.Setup once (as the table's owner) before claiming", s.messages.table)
+		return nil, &curableError{fmt.Errorf("pgdedup: Config.Layout is Partitioned but %s is a plain table: call Store.Setup once (as the table's owner) before claiming", s.messages.table)}
 	}
 	if offsetsOnCitus {
 		ls.offsets = citusPlacement(s.messages.lockTimeoutMS)

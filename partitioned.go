@@ -199,11 +199,12 @@ func (l partitionedLayout) claimMany(c *batchClaim) []statement {
 }
 
 // transient: a claim that finds no partition for its time (no cleaner ran
-// for several spans, or Setup was not run) says what to do.
+// for several spans, or Setup was not run) says what to do, and is one a
+// later attempt cures (ActionFor).
 func (l partitionedLayout) transient(err error) error {
 	if code, _ := sqlState(err); code == "23514" && strings.Contains(err.Error(), "no partition") {
-		return fmt.Errorf("%w (partitions are created ahead by Cleanup: run RunCleaner or `pgdedup cleanup` at least every partition span; "+
-			"see docs/partitioning.md)", err)
+		return &curableError{fmt.Errorf("%w (partitions are created ahead by Cleanup: run RunCleaner or `pgdedup cleanup` at least every partition span; "+
+			"see docs/partitioning.md)", err)}
 	}
 	return l.placement.transient(err)
 }

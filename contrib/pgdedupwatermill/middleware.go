@@ -14,7 +14,8 @@ import (
 // ErrNoKey is returned, wrapped with the metadata key's name, for a message
 // without the metadata field that [Config.MetadataKey] names (or with an empty
 // one). The message is nacked; route such messages to a poison queue
-// (Watermill's middleware.PoisonQueue) rather than redelivering them forever.
+// (Watermill's middleware.PoisonQueueWithFilter with [Poison]) rather than
+// redelivering them forever.
 var ErrNoKey = errors.New("pgdedupwatermill: message has no ID in its metadata")
 
 // Config configures a [Deduplicator].
@@ -98,6 +99,17 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 type txKey struct{}
+
+// Poison reports whether err, returned by [Deduplicator.Middleware], is one
+// no redelivery can cure: [pgdedup.ActionFor] answers
+// [pgdedup.ActionDeadLetter] for it. That is [ErrNoKey], an invalid ID, and
+// the handler's own errors unless they wrap a condition a retry cures. Pass
+// it to Watermill's middleware.PoisonQueueWithFilter, added before the
+// Deduplicator: a lost connection, [pgdedup.ErrInFlight], a timeout or a
+// shutdown are then nacked and redelivered, the rest go to the poison queue.
+func Poison(err error) bool {
+	return pgdedup.ActionFor(err) == pgdedup.ActionDeadLetter
+}
 
 // Tx returns the transaction [Deduplicator.Middleware] runs the handler in,
 // from msg.Context(). Write the message's business rows in it; they commit

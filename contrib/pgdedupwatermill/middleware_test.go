@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -106,5 +107,61 @@ func TestInvalidIDIsAnError(t *testing.T) {
 	}
 	if pgdedupwatermill.Tx(context.Background()) != nil {
 		t.Fatal("Tx outside the middleware is not nil")
+	}
+}
+
+// Poison sends to the poison queue what can never succeed (no key, an
+// invalid ID, the handler's own error), and leaves to redelivery what a
+// retry cures: a statement timeout in the handler, an ID in flight.
+func TestPoisonFollowsActionFor(t *testing.T) {
+	t.Parallel()
+	db := pgdeduptest.New(t)
+	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "charges", LockTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := pgdedupwatermill.New(store, pgdedupwatermill.Config{MetadataKey: "order_id"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgdeduptest.HoldClaim(t, db.Pool, store, "order-held")
+	declined := errors.New("card declined")
+	handler := func(msg *message.Message) ([]*message.Message, error) {
+		tx := pgdedupwatermill.Tx(msg.Context())
+		switch msg.Metadata.Get("do") {
+		case "decline":
+			return nil, declined
+		case "slow":
+			_, err := tx.Exec(msg.Context(), `SET LOCAL statement_timeout = '100ms'; SELECT pg_sleep(60)`)
+			return nil, err
+		}
+		_, err := tx.Exec(msg.Context(), `INSERT INTO charges (order_id) VALUES ($1)`, msg.Metadata.Get("order_id"))
+		return nil, err
+	}
+	h := d.Middleware(handler)
+	for _, c := range []struct {
+		name, orderID, do string
+		want              bool
+	}{
+		{"charged", "order-1", "", false},
+		{"no key", "", "", true},
+		{"invalid ID", "order\x00", "", true},
+		{"the handler's own error", "order-2", "decline", true},
+		{"a statement timeout", "order-3", "slow", false},
+		{"in flight", "order-held", "", false},
+	} {
+		msg := message.NewMessage("uuid-"+c.name, nil)
+		if c.orderID != "" {
+			msg.Metadata.Set("order_id", c.orderID)
+		}
+		msg.Metadata.Set("do", c.do)
+		_, err := h(msg)
+		if got := pgdedupwatermill.Poison(err); got != c.want {
+			t.Errorf("%s: Poison(%v) = %v, want %v", c.name, err, got, c.want)
+		}
+	}
+	if n := pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM charges`); n != 1 {
+		t.Errorf("%d charges, want 1 (order-1)", n)
 	}
 }

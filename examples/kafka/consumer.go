@@ -187,7 +187,8 @@ func (c *consumer) generation(topic string, partition int32) int64 {
 // process handles one poll: each partition's records, in offset order, as one
 // batch, the partitions concurrently. A partition whose batch failed is sought
 // back to the batch's first offset, so that no record is skipped: what had
-// committed before is skipped by the offset check when it comes again.
+// committed before is skipped by the offset check when it comes again. A
+// fenced partition is not: it belongs to a newer generation.
 func (c *consumer) process(ctx context.Context, fetches kgo.Fetches) {
 	type tp struct {
 		topic     string
@@ -208,7 +209,12 @@ func (c *consumer) process(ctx context.Context, fetches kgo.Fetches) {
 	for _, k := range order {
 		recs := batches[k]
 		wg.Go(func() {
-			if err := c.handle(ctx, k.topic, k.partition, recs); err != nil {
+			err := c.handle(ctx, k.topic, k.partition, recs)
+			// Kafka has no dead-letter queue (fn commits a poison record
+			// without a charge): a batch that failed is fetched again,
+			// unless a newer generation owns the partition (ActionStop,
+			// ErrFenced), whose consumer resumes it.
+			if err != nil && pgdedup.ActionFor(err) != pgdedup.ActionStop {
 				mu.Lock()
 				if rewind[k.topic] == nil {
 					rewind[k.topic] = map[int32]kgo.EpochOffset{}
@@ -253,18 +259,25 @@ func (c *consumer) handle(ctx context.Context, topic string, partition int32, re
 		return nil
 	})
 	outcome := "processed"
-	switch {
-	case errors.Is(err, pgdedup.ErrFenced):
+	switch pgdedup.ActionFor(err) {
+	case pgdedup.ActionAck:
+		if len(fresh) == 0 {
+			outcome = "duplicate"
+		}
+	case pgdedup.ActionStop: // ErrFenced: a newer generation owns the partition
 		outcome = "fenced"
 		c.stats.fenced.Add(1)
-	case errors.Is(err, pgdedup.ErrInFlight):
-		outcome = "in_flight"
-		c.stats.inFlight.Add(1)
-	case err != nil:
+	case pgdedup.ActionRequeue:
+		outcome = "failed"
+		if errors.Is(err, pgdedup.ErrInFlight) {
+			outcome = "in_flight"
+			c.stats.inFlight.Add(1)
+		} else {
+			c.stats.failed.Add(1)
+		}
+	case pgdedup.ActionDeadLetter: // fn's own error, such as errPaymentService
 		outcome = "failed"
 		c.stats.failed.Add(1)
-	case len(fresh) == 0:
-		outcome = "duplicate"
 	}
 	skipped := 0
 	if err == nil {

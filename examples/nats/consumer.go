@@ -129,9 +129,10 @@ type consumer struct {
 	processed, duplicates, inFlight, failed, rejected int
 }
 
-// handle processes one message and settles it: ack when its charge is
-// committed or it is a duplicate, nak (redeliver later) when it may succeed
-// then, term when it never can.
+// handle processes one message and settles it as pgdedup.ActionFor says: ack
+// when its charge is committed or it is a duplicate, nak (redeliver later)
+// when it may succeed then, leave it when shutting down, term when it never
+// can.
 func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	meta, err := msg.Metadata()
 	if err != nil { // not a JetStream message: cannot happen on a pull consumer
@@ -157,27 +158,37 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)
 	})
-	switch {
-	case err == nil && processed:
-		settle(log, msg.Ack())
-		log.Debug("delivery", "outcome", "processed", "order_id", order.OrderID)
-		c.count(&c.processed)
-	case err == nil:
+	switch pgdedup.ActionFor(err) {
+	case pgdedup.ActionAck:
 		settle(log, msg.Ack()) // a duplicate is done too: ack, or it comes back after every AckWait
-		log.Debug("delivery", "outcome", "duplicate", "order_id", order.OrderID)
-		c.count(&c.duplicates)
-	case errors.Is(err, pgdedup.ErrInFlight):
-		// Another delivery of the same message holds the claim (AckWait ran
-		// out while it was still being processed, or a producer published it
-		// twice): redeliver this one later, when it is skipped (that one
-		// committed) or processed (it failed).
-		log.Debug("delivery", "outcome", "in_flight", "order_id", order.OrderID)
-		c.count(&c.inFlight)
-		settle(log, msg.NakWithDelay(c.cfg.LockTimeout))
-	default:
+		if processed {
+			log.Debug("delivery", "outcome", "processed", "order_id", order.OrderID)
+			c.count(&c.processed)
+		} else {
+			log.Debug("delivery", "outcome", "duplicate", "order_id", order.OrderID)
+			c.count(&c.duplicates)
+		}
+	case pgdedup.ActionRequeue:
+		if errors.Is(err, pgdedup.ErrInFlight) {
+			// Another delivery of the same message holds the claim (AckWait ran
+			// out while it was still being processed, or a producer published it
+			// twice): redeliver this one later, when it is skipped (that one
+			// committed) or processed (it failed).
+			log.Debug("delivery", "outcome", "in_flight", "order_id", order.OrderID)
+			c.count(&c.inFlight)
+			settle(log, msg.NakWithDelay(c.cfg.LockTimeout))
+			return
+		}
 		log.Error("delivery", "outcome", "failed", "order_id", order.OrderID, "error", err)
 		c.count(&c.failed)
 		settle(log, msg.NakWithDelay(time.Second)) // don't spin on a database that is down
+	case pgdedup.ActionStop:
+		// Shutting down: left unacked, JetStream redelivers it after AckWait.
+		log.Info("delivery", "outcome", "stopped", "order_id", order.OrderID, "error", err)
+	case pgdedup.ActionDeadLetter:
+		log.Warn("delivery", "outcome", "rejected", "order_id", order.OrderID, "error", err)
+		c.count(&c.rejected)
+		settle(log, msg.Term()) // never redelivered; an advisory tells monitoring
 	}
 }
 

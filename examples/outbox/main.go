@@ -123,16 +123,19 @@ func consumeQueue(ctx context.Context, store *pgdedup.Store, client *river.Clien
 			}
 		}
 		processed, err := consume(ctx, store, client, d.Body)
-		switch {
-		case errors.Is(err, errPoison):
-			slog.Warn("delivery", "outcome", "rejected", "err", err)
-			err = d.Nack(false, false)
-		case err != nil:
-			slog.Warn("delivery", "outcome", "failed", "err", err)
-			err = d.Nack(false, true)
-		default:
+		switch pgdedup.ActionFor(err) {
+		case pgdedup.ActionAck:
 			slog.Info("delivery", "outcome", map[bool]string{true: "processed", false: "duplicate"}[processed])
 			err = d.Ack(false)
+		case pgdedup.ActionRequeue:
+			slog.Warn("delivery", "outcome", "failed", "err", err)
+			err = d.Nack(false, true)
+		case pgdedup.ActionStop: // SIGTERM: unacked, redelivered once the channel closes
+			slog.Info("delivery", "outcome", "stopped", "err", err)
+			return nil
+		case pgdedup.ActionDeadLetter: // errPoison, or an order that can never be taken
+			slog.Warn("delivery", "outcome", "rejected", "err", err)
+			err = d.Nack(false, false)
 		}
 		if err != nil {
 			return err

@@ -49,8 +49,9 @@ func handle(river *river.Client[pgx.Tx], o Order) func(context.Context, pgx.Tx) 
 	}
 }
 
-// consume processes one order message: it reports whether the message is
-// done (ack it) and the error otherwise (nack it: it comes back).
+// consume processes one order message: it reports whether it was processed
+// now, and its error, whose pgdedup.ActionFor says whether to ack it, requeue
+// it, stop or reject it (errPoison: an undecodable body).
 func consume(ctx context.Context, store *pgdedup.Store, client *river.Client[pgx.Tx], body []byte) (processed bool, err error) {
 	var o Order
 	if err := json.Unmarshal(body, &o); err != nil || o.OrderID == "" {

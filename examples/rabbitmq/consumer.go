@@ -110,9 +110,9 @@ func consume(ctx context.Context, cfg consumerConfig) error {
 	return nil
 }
 
-// handle processes one delivery and settles it: ack when its charge is
-// committed or it is a duplicate, requeue when it may succeed later, reject
-// when it never can.
+// handle processes one delivery and settles it as pgdedup.ActionFor says:
+// ack when its charge is committed or it is a duplicate, requeue when it may
+// succeed later, leave it when shutting down, reject when it never can.
 func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 	// The producer's MessageId names the intent, so a republished message is
 	// recognised; without one, identical bodies are taken as the same order.
@@ -138,26 +138,36 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)
 	})
-	switch {
-	case err == nil && processed:
-		settle(log, d.Ack(false))
-		log.Debug("delivery", "outcome", "processed", "order_id", order.OrderID)
-		c.stats.add(&c.stats.processed, d.Redelivered)
-	case err == nil:
+	switch pgdedup.ActionFor(err) {
+	case pgdedup.ActionAck:
 		settle(log, d.Ack(false)) // a duplicate is done too: ack, or it comes back forever
-		log.Debug("delivery", "outcome", "duplicate", "order_id", order.OrderID)
-		c.stats.add(&c.stats.duplicates, d.Redelivered)
-	case errors.Is(err, pgdedup.ErrInFlight):
-		// Another delivery of the same message holds the claim; requeue this
-		// one: it is skipped later if that one commits, processed if it fails.
-		log.Debug("delivery", "outcome", "in_flight", "order_id", order.OrderID)
-		c.stats.add(&c.stats.inFlight, d.Redelivered)
+		if processed {
+			log.Debug("delivery", "outcome", "processed", "order_id", order.OrderID)
+			c.stats.add(&c.stats.processed, d.Redelivered)
+		} else {
+			log.Debug("delivery", "outcome", "duplicate", "order_id", order.OrderID)
+			c.stats.add(&c.stats.duplicates, d.Redelivered)
+		}
+	case pgdedup.ActionRequeue:
+		if errors.Is(err, pgdedup.ErrInFlight) {
+			// Another delivery of the same message holds the claim; requeue this
+			// one: it is skipped later if that one commits, processed if it fails.
+			log.Debug("delivery", "outcome", "in_flight", "order_id", order.OrderID)
+			c.stats.add(&c.stats.inFlight, d.Redelivered)
+		} else {
+			log.Error("delivery", "outcome", "failed", "order_id", order.OrderID, "error", err)
+			c.stats.add(&c.stats.failed, d.Redelivered)
+			_ = sleep(ctx, time.Second) // don't spin on a database that is down
+		}
 		settle(log, d.Nack(false, true))
-	default:
-		log.Error("delivery", "outcome", "failed", "order_id", order.OrderID, "error", err)
-		c.stats.add(&c.stats.failed, d.Redelivered)
-		_ = sleep(ctx, time.Second) // don't spin on a database that is down
-		settle(log, d.Nack(false, true))
+	case pgdedup.ActionStop:
+		// Shutting down: left unacked, RabbitMQ redelivers it when the
+		// channel closes.
+		log.Info("delivery", "outcome", "stopped", "order_id", order.OrderID, "error", err)
+	case pgdedup.ActionDeadLetter:
+		log.Warn("delivery", "outcome", "rejected", "order_id", order.OrderID, "error", err)
+		c.stats.add(&c.stats.rejected, d.Redelivered)
+		settle(log, d.Reject(false)) // dead-lettered if the queue has a dead-letter exchange
 	}
 }
 

@@ -21,7 +21,8 @@ const (
 	processed outcome = "processed" // charged in this call's transaction: delete
 	duplicate outcome = "duplicate" // charged before (a redelivery, a producer's retry): delete
 	inFlight  outcome = "in_flight" // its key is held by a transaction still running elsewhere: requeue soon
-	failed    outcome = "failed"    // an error: it comes back after the visibility timeout
+	failed    outcome = "failed"    // an error a retry can cure: requeue soon
+	stopped   outcome = "stopped"   // shutting down: it comes back after the visibility timeout
 	rejected  outcome = "rejected"  // can never be charged: left to the queue's redrive policy (DLQ)
 )
 
@@ -116,7 +117,8 @@ func (c *charger) chargeBatch(ctx context.Context, msgs []*message) {
 	}
 }
 
-// chargeOne is chargeBatch for one message.
+// chargeOne is chargeBatch for one message; its outcome is what
+// pgdedup.ActionFor says of Process's error.
 func (c *charger) chargeOne(ctx context.Context, m *message) (outcome, error) {
 	charged, err := c.store.Process(ctx, m.Key, func(ctx context.Context, tx pgx.Tx) error {
 		if err := shop.Charge(ctx, tx, m.Order, m.Key, c.name); err != nil {
@@ -124,15 +126,21 @@ func (c *charger) chargeOne(ctx context.Context, m *message) (outcome, error) {
 		}
 		return sleep(ctx, c.handlerDelay)
 	})
-	switch {
-	case err == nil && charged:
-		return processed, nil
-	case err == nil:
+	switch pgdedup.ActionFor(err) {
+	case pgdedup.ActionAck:
+		if charged {
+			return processed, nil
+		}
 		return duplicate, nil
-	case errors.Is(err, pgdedup.ErrInFlight):
-		return inFlight, err
-	default:
+	case pgdedup.ActionRequeue:
+		if errors.Is(err, pgdedup.ErrInFlight) {
+			return inFlight, err
+		}
 		return failed, fmt.Errorf("order %s: %w", m.Order.OrderID, err)
+	case pgdedup.ActionStop:
+		return stopped, err
+	default: // ActionDeadLetter
+		return rejected, fmt.Errorf("order %s: %w", m.Order.OrderID, err)
 	}
 }
 

@@ -33,6 +33,7 @@ func (s *stats) log(log *slog.Logger, msg string) {
 		"duplicates", s.outcomes[duplicate],
 		"in_flight", s.outcomes[inFlight],
 		"failed", s.outcomes[failed],
+		"stopped", s.outcomes[stopped],
 		"rejected", s.outcomes[rejected],
 		"redelivered", s.redelivered)
 }
