@@ -2,12 +2,6 @@ package idempotency_test
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,48 +119,4 @@ func TestSameKeyWaitersHoldNoConnection(t *testing.T) {
 	if r := post(t, b.url, "same", `{"order":"o-2","amount":1}`); !isProblem(r, 422) {
 		t.Fatal(r)
 	}
-}
-
-// Requests waiting for a turn on the database have not read their body: 20
-// queued 256 KiB requests hold none of it in memory.
-func TestQueuedRequestsDoNotReadTheirBody(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	var read atomic.Int64
-	api := &chargeAPI{gate: make(chan struct{}), entered: make(chan struct{}, 64)}
-	b := setupOn(t, db, db.Pool, idempotency.Config{MaxInFlight: 1, AcquireTimeout: time.Minute, MaxRequestBody: 1 << 20}, api)
-	srv := httptest.NewServer(authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = countingBody{r.Body, &read}
-		b.mw.Wrap(api).ServeHTTP(w, r)
-	})))
-	t.Cleanup(srv.Close)
-
-	body := `{"order":"o-1","amount":500}` + strings.Repeat(" ", 256<<10)
-	var wg sync.WaitGroup
-	for i := range 21 {
-		wg.Go(func() { _, _ = send(srv.URL, fmt.Sprint("k", i), body) })
-	}
-	<-api.entered
-	eventually(t, "20 requests waiting for a turn", func() bool { n, _ := b.mw.Waiting(); return n == 20 })
-	if got := read.Load(); got > int64(len(body)) {
-		t.Fatalf("%d body bytes read with one request running and 20 queued, want at most %d", got, len(body))
-	}
-	for range 21 {
-		api.gate <- struct{}{}
-	}
-	wg.Wait()
-	if n := charges(t, b.pool); n != 21 {
-		t.Fatalf("%d charges, want 21", n)
-	}
-}
-
-type countingBody struct {
-	io.ReadCloser
-	n *atomic.Int64
-}
-
-func (c countingBody) Read(p []byte) (int, error) {
-	n, err := c.ReadCloser.Read(p)
-	c.n.Add(int64(n))
-	return n, err
 }
