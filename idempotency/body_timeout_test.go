@@ -149,10 +149,15 @@ func TestBodyTimeoutDoesNotCutTheHandler(t *testing.T) {
 	const timeout = 50 * time.Millisecond
 	api := &chargeAPI{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 	b := setup(t, idempotency.Config{RequestBodyTimeout: timeout}, api)
+	t.Cleanup(func() { close(api.gate) }) // a failed test leaves no handler waiting
 
 	replies := make(chan reply, 1)
 	go func() { r, _ := send(b.url, "k", order); replies <- r }()
-	<-api.entered
+	select {
+	case <-api.entered:
+	case r := <-replies:
+		t.Fatalf("answered before the handler ran: %v", r)
+	}
 	time.Sleep(6 * timeout) // the deadline passes while the handler runs
 	api.gate <- struct{}{}
 	if r := <-replies; r.status != 201 {

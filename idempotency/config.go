@@ -139,9 +139,9 @@ type Config struct {
 	// RequestBodyTimeout is how long the middleware waits for the request's
 	// body to arrive whole. A body still incomplete then gets 408 Request
 	// Timeout, and nothing is processed. It is set as the connection's read
-	// deadline (http.ResponseController.SetReadDeadline), no later than the
-	// server's ReadTimeout, and cleared once the body is read, so it never
-	// bounds the handler. The ResponseWriter must reach net/http's through
+	// deadline (http.ResponseController.SetReadDeadline), never longer than
+	// the server's ReadTimeout. It is cleared once the body is read, so it
+	// never bounds the handler. The ResponseWriter must reach net/http's through
 	// Unwrap, as chi's, echo's and gin's do; otherwise the server's own
 	// timeouts alone bound the read. Defaults to [DefaultRequestBodyTimeout],
 	// 30s. A negative value sets no deadline.

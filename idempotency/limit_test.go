@@ -29,13 +29,18 @@ func slowSetup(t *testing.T, cfg idempotency.Config) (*bundle, *pgxpool.Pool) {
 	db := pgtest.New(t)
 	pool := pgtest.Pool(t, db.URL, 4)
 	api := &chargeAPI{gate: make(chan struct{}), entered: make(chan struct{}, 64)}
-	return setupOn(t, db, pool, cfg, api), pool
+	b := setupOn(t, db, pool, cfg, api)
+	// A test that fails with handlers held releases them, so that the
+	// server can close and no transaction is left open (one left idle in
+	// transaction holds up CREATE INDEX CONCURRENTLY in every test's schema).
+	t.Cleanup(func() { close(api.gate) })
+	return b, pool
 }
 
 // With a pool of 4, keyed requests hold at most MaxInFlight (by default half
 // the pool) connections however many arrive: the rest of the service keeps
 // connections, and the requests beyond the cap get 503 with Retry-After once
-// AcquireTimeout has passed, without being read or processed.
+// AcquireTimeout has passed, without being processed.
 func TestMaxInFlightLeavesConnectionsToOthers(t *testing.T) {
 	t.Parallel()
 	b, pool := slowSetup(t, idempotency.Config{AcquireTimeout: 100 * time.Millisecond})
@@ -45,10 +50,19 @@ func TestMaxInFlightLeavesConnectionsToOthers(t *testing.T) {
 	for i := range n {
 		go func() { r, _ := send(b.url, fmt.Sprint("k", i), order); replies <- r }()
 	}
-	<-b.api.entered
-	<-b.api.entered // two handlers hold connections
 	busy := 0
-	for range n - 2 {
+	for held := 0; held < 2; { // until two handlers hold connections
+		select {
+		case <-b.api.entered:
+			held++
+		case r := <-replies:
+			if !isProblem(r, 503) || r.header.Get("Retry-After") == "" {
+				t.Fatalf("a request answered before two handlers held connections: %v", r)
+			}
+			busy++
+		}
+	}
+	for busy < n-2 {
 		r := <-replies
 		if !isProblem(r, 503) || r.header.Get("Retry-After") == "" {
 			t.Fatalf("request beyond the cap: %v", r)
