@@ -11,8 +11,8 @@ import (
 // the message for each one.
 var (
 	// ErrInvalidMessageID is returned, wrapped with the reason, for an ID that is
-	// empty, not valid UTF-8, contains a NUL byte or is longer than
-	// [MaxMessageIDLen] bytes, and for a batch holding one (naming its index).
+	// empty, only whitespace, not valid UTF-8, contains a NUL byte or is longer
+	// than [MaxMessageIDLen] bytes, and for a batch holding one (naming its index).
 	// Nothing is sent to the database.
 	ErrInvalidMessageID = errors.New("pgdedup: invalid message ID")
 

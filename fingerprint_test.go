@@ -2,8 +2,11 @@ package pgdedup_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -57,9 +60,18 @@ func TestFingerprint(t *testing.T) {
 		t.Errorf("fingerprint against a row without one: %v, %v; want a plain duplicate", processed, err)
 	}
 
-	for _, fp := range [][]byte{{}, make([]byte, pgdedup.MaxFingerprintLen+1)} {
+	// WithFingerprint(nil) and WithFingerprint([]byte{}) alike are refused:
+	// a call without a fingerprint leaves the option out.
+	for _, fp := range [][]byte{nil, {}, make([]byte, pgdedup.MaxFingerprintLen+1)} {
 		if _, err := b.store.Process(ctx, "order-3", charge("order-3"), pgdedup.WithFingerprint(fp)); !errors.Is(err, pgdedup.ErrInvalidOption) {
-			t.Errorf("fingerprint of %d bytes: %v, want ErrInvalidOption", len(fp), err)
+			t.Errorf("fingerprint %#v of %d bytes: %v, want ErrInvalidOption", fp, len(fp), err)
+		}
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := b.store.Claim(ctx, tx, "order-3", pgdedup.WithFingerprint(fp))
+			return err
+		})
+		if !errors.Is(err, pgdedup.ErrInvalidOption) {
+			t.Errorf("Claim with fingerprint %#v of %d bytes: %v, want ErrInvalidOption", fp, len(fp), err)
 		}
 	}
 	if recorded(t, b.pool, "billing", "order-3") {
@@ -141,4 +153,39 @@ func TestFingerprintAfterWaiting(t *testing.T) {
 	if n := chargesPerOrder(t, b.pool)["order-1"]; n != 1 {
 		t.Errorf("order-1 charged %d times, want 1", n)
 	}
+}
+
+// A mismatch's error text, and so logs and the OTel contrib's spans, never
+// shows a fingerprint: an unkeyed SHA-256 of a small payload such as a PIN is
+// recovered by trying every payload (issue 26 §6).
+func TestPayloadMismatchErrorHidesFingerprints(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	first, second := sha256.Sum256([]byte(`{"pin":"7345"}`)), sha256.Sum256([]byte(`{"pin":"7346"}`))
+	if _, err := b.store.Process(ctx, "pin-1", charge("pin-1"), pgdedup.WithFingerprint(first[:])); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.store.Process(ctx, "pin-1", charge("pin-1"), pgdedup.WithFingerprint(second[:]))
+	if !errors.Is(err, pgdedup.ErrPayloadMismatch) || !strings.Contains(err.Error(), `"pin-1"`) {
+		t.Fatalf("%v, want ErrPayloadMismatch naming the ID", err)
+	}
+	if leak := hexLeak(err.Error(), first[:], second[:]); leak != "" {
+		t.Errorf("the error %q shows %q of a fingerprint", err, leak)
+	}
+}
+
+// hexLeak returns a run of 6 hex digits of one of fps found in text, or "".
+// Shorter runs occur by chance.
+func hexLeak(text string, fps ...[]byte) string {
+	text = strings.ToLower(text)
+	for _, fp := range fps {
+		h := hex.EncodeToString(fp)
+		for i := 0; i+6 <= len(h); i++ {
+			if strings.Contains(text, h[i:i+6]) {
+				return h[i : i+6]
+			}
+		}
+	}
+	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -12,9 +13,14 @@ import (
 const MaxMessageIDLen = 1024
 
 // ValidateMessageID returns nil if id can be recorded, or an error wrapping
-// [ErrInvalidMessageID] that says why not. [Store.Process] and [Store.Claim]
-// call it before any round trip; it is exported for consumers that want to
-// reject a message early.
+// [ErrInvalidMessageID] that says why not. An ID is 1 to [MaxMessageIDLen]
+// bytes of UTF-8 without NUL, and not blank: an ID of only whitespace
+// (unicode.IsSpace) is refused, as a blank Consumer is, since it is almost
+// always a missing value. Other IDs are kept byte for byte, spaces around
+// them included. Every call that takes an ID (Process, Claim, their batch,
+// result and database/sql forms, Lookup, Forget, pgdedup import) calls it
+// before any round trip; it is exported for consumers that want to reject a
+// message early.
 func ValidateMessageID(id string) error {
 	if err := idProblem(id); err != nil {
 		return fmt.Errorf("%w: %s", ErrInvalidMessageID, err)
@@ -27,7 +33,13 @@ func idProblem(id string) error {
 	if len(id) > MaxMessageIDLen {
 		return fmt.Errorf("%d bytes, longer than %d", len(id), MaxMessageIDLen)
 	}
-	return validateText(id)
+	if err := validateText(id); err != nil {
+		return err
+	}
+	if strings.TrimFunc(id, unicode.IsSpace) == "" {
+		return errors.New("blank (only whitespace)")
+	}
+	return nil
 }
 
 // validateText rejects what Postgres text cannot hold or what can never be a

@@ -7,17 +7,20 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// invalidIDs are IDs Postgres text cannot hold or that are too long, with what
-// the error must say. The one table of invalid IDs: the tests and the fuzz
+// invalidIDs are IDs Postgres text cannot hold, that are too long or blank
+// (only whitespace, as a blank Consumer is refused), with what the error must
+// say. The one table of invalid IDs: the tests and the fuzz
 // seeds use it.
 var invalidIDs = []struct{ name, id, says string }{
 	{"empty", "", "empty"},
@@ -29,6 +32,11 @@ var invalidIDs = []struct{ name, id, says string }{
 	{"1025 bytes", strings.Repeat("a", pgdedup.MaxMessageIDLen+1), "1025 bytes"},
 	{"1026 bytes of euros", strings.Repeat("€", 342), "1026 bytes"},
 	{"1 MB", strings.Repeat("x", 1<<20), "1048576 bytes"},
+	{"a space", " ", "blank"},
+	{"spaces", "   ", "blank"},
+	{"tab and newlines", "\t\n\r", "blank"},
+	{"no-break space", "\u00a0", "blank"},
+	{"ideographic space", "\u3000\u3000", "blank"},
 }
 
 // countingTracer counts the queries and batches a pool sends.
@@ -51,9 +59,10 @@ func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBa
 func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // Invalid IDs get ErrInvalidMessageID saying why, short (the ID is not
-// echoed), before anything is sent: the pool's tracer counts no query, fn never
-// runs, a batch with one is rejected whole naming its index, and the caller's
-// transaction is not aborted by Claim or ClaimBatch.
+// echoed), before anything is sent, by every call that takes an ID: the
+// pool's tracer counts no query, fn never runs, a batch with one is rejected
+// whole naming its index, and the caller's transaction (pgx or database/sql)
+// is not aborted by a claim.
 func TestInvalidIDsRejectedBeforeTheDatabase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
@@ -78,6 +87,13 @@ func TestInvalidIDsRejectedBeforeTheDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	sqlTx, err := sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlTx.Rollback() //nolint:errcheck
 	sent := tracer.n.Load()
 
 	for _, c := range invalidIDs {
@@ -103,6 +119,16 @@ func TestInvalidIDsRejectedBeforeTheDatabase(t *testing.T) {
 		check("Claim", err, c.says)
 		_, err = store.ClaimBatch(ctx, tx, batch)
 		check("ClaimBatch", err, "message 2 of 4")
+		_, err = store.ClaimSQL(ctx, sqlTx, c.id)
+		check("ClaimSQL", err, c.says)
+		_, err = store.ClaimBatchSQL(ctx, sqlTx, batch)
+		check("ClaimBatchSQL", err, "message 2 of 4")
+		_, _, err = store.ProcessResult(ctx, c.id, func(context.Context, pgx.Tx) ([]byte, error) { fnRan = true; return nil, nil })
+		check("ProcessResult", err, c.says)
+		_, _, err = store.Lookup(ctx, c.id)
+		check("Lookup", err, c.says)
+		_, err = store.Forget(ctx, c.id)
+		check("Forget", err, c.says)
 		if fnRan {
 			t.Errorf("%s: fn ran", c.name)
 		}
@@ -112,6 +138,9 @@ func TestInvalidIDsRejectedBeforeTheDatabase(t *testing.T) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatalf("rejected claims broke the caller's transaction: %v", err)
+	}
+	if err := sqlTx.Commit(); err != nil {
+		t.Fatalf("rejected claims broke the caller's database/sql transaction: %v", err)
 	}
 	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatalf("%d IDs recorded from rejected calls, want 0", n)
@@ -127,7 +156,7 @@ func TestOddValidIDsRoundTripExactly(t *testing.T) {
 	ids := []string{
 		strings.Repeat("a", pgdedup.MaxMessageIDLen),
 		strings.Repeat("€", 341) + "a", // 1024 bytes
-		"é", "e\u0301", "A", "a", "a ", " a", "\t\n\r", "\x7f", "\u00a0",
+		"é", "e\u0301", "A", "a", "a ", " a", "\ta\n", "\x7f", "\u00a0a",
 		"%", "_", "a%", `\`, `'`, `"`, "🦫", "\uFEFFa", "\U0010FFFF",
 	}
 	for round, want := range []bool{true, false} {
@@ -193,7 +222,7 @@ func TestBatchWithOneBadIDRecordsNothing(t *testing.T) {
 // documentation rather than from the code (FuzzValidateMessageID checks
 // ValidateMessageID against the same).
 func validID(id string) bool {
-	return id != "" && len(id) <= pgdedup.MaxMessageIDLen && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
+	return strings.TrimFunc(id, unicode.IsSpace) != "" && len(id) <= pgdedup.MaxMessageIDLen && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
 }
 
 // FuzzValidateMessageID checks ValidateMessageID against validID.

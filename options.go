@@ -25,18 +25,27 @@ type callOptions struct {
 const MaxFingerprintLen = 1024
 
 // WithFingerprint stores fingerprint with the claim: a digest of the
-// message's payload, such as its SHA-256 (see [ContentKey]). A later delivery
-// of the same ID whose fingerprint differs is not skipped as a duplicate: it
-// returns a *[PayloadMismatchError] (errors.Is(err, [ErrPayloadMismatch])),
-// reported to [Config.OnEvent] as [EventPayloadMismatch]. The same ID with
+// message's payload, such as its SHA-256 (see [ContentKey]). Key it (an
+// HMAC) when payloads are guessable, such as a PIN or an amount: an unkeyed
+// hash of one, read from the table or a backup, gives it away to whoever
+// hashes every candidate. A later delivery of the same ID whose fingerprint
+// differs is not skipped as a duplicate: it returns a
+// *[PayloadMismatchError] (errors.Is(err, [ErrPayloadMismatch])), reported
+// to [Config.OnEvent] as [EventPayloadMismatch]. The same ID with
 // the same payload is a plain duplicate. A duplicate of an ID recorded
 // without a fingerprint, or a delivery without the option, is never a
 // mismatch: there is nothing to compare. A row past expires_at that the
 // cleaner has not deleted yet is compared as any other: the ID is a duplicate
 // until its row is deleted. It needs migration 00006.
 //
-// fingerprint must hold 1 to [MaxFingerprintLen] bytes.
+// fingerprint must hold 1 to [MaxFingerprintLen] bytes. An empty one, nil
+// or not, returns [ErrInvalidOption] before anything is sent, since it
+// would turn the comparison off unseen. To claim without a fingerprint,
+// leave the option out.
 func WithFingerprint(fingerprint []byte) Option {
+	if fingerprint == nil {
+		fingerprint = []byte{} // refused as empty, not taken for no option
+	}
 	return func(o *callOptions) { o.fingerprint = fingerprint }
 }
 

@@ -112,9 +112,10 @@ type Config struct {
 
 	// MaxInFlight is how many requests of this Middleware may hold a database
 	// connection at once (keyed ones, and keyless ones with Optional). Others
-	// wait for a turn, up to AcquireTimeout, before reading their body. Keep
-	// it below the pool's size, so that the rest of the service (health
-	// checks, reads) still gets connections while handlers are slow.
+	// wait for a turn, up to AcquireTimeout, after reading their body: a
+	// client that sends its body slowly holds no turn. Keep it below the
+	// pool's size, so that the rest of the service (health checks, reads)
+	// still gets connections while handlers are slow.
 	// Defaults to half the pool's MaxConns (at least 1) when db reports it, as
 	// a *pgxpool.Pool does, and to 4 otherwise.
 	MaxInFlight int
@@ -128,9 +129,23 @@ type Config struct {
 	// visible ASCII (0x21-0x7E). Others get 400. Defaults to 255.
 	MaxKeyLen int
 
-	// MaxRequestBody is the largest request body read, in bytes (it is read
-	// whole, to fingerprint it); larger ones get 413. Defaults to 1 MiB.
+	// MaxRequestBody is the largest request body read, in bytes; larger ones
+	// get 413. The body is read whole, to fingerprint it, before the request
+	// takes a turn on the database (MaxInFlight). So is a keyless request's
+	// body with Optional, which the handler then reads from memory. Defaults
+	// to 1 MiB.
 	MaxRequestBody int64
+
+	// RequestBodyTimeout is how long the middleware waits for the request's
+	// body to arrive whole. A body still incomplete then gets 408 Request
+	// Timeout, and nothing is processed. It is set as the connection's read
+	// deadline (http.ResponseController.SetReadDeadline), never longer than
+	// the server's ReadTimeout. It is cleared once the body is read, so it
+	// never bounds the handler. The ResponseWriter must reach net/http's through
+	// Unwrap, as chi's, echo's and gin's do; otherwise the server's own
+	// timeouts alone bound the read. Defaults to [DefaultRequestBodyTimeout],
+	// 30s. A negative value sets no deadline.
+	RequestBodyTimeout time.Duration
 
 	// MaxStoredBody is the largest response body stored for replay, in bytes.
 	// A larger response is still sent and its effects committed, but only its
@@ -203,6 +218,10 @@ const DefaultDocsURL = "/docs/idempotency-key"
 // DefaultAcquireTimeout is Config.AcquireTimeout's default.
 const DefaultAcquireTimeout = 2 * time.Second
 
+// DefaultRequestBodyTimeout is Config.RequestBodyTimeout's default: a 1 MiB
+// body arrives well within it at 64 KiB/s.
+const DefaultRequestBodyTimeout = 30 * time.Second
+
 // MinSecretLen is the shortest Config.Secret accepted, in bytes.
 const MinSecretLen = 32
 
@@ -239,6 +258,7 @@ func New(db DB, cfg Config) (*Middleware, error) {
 	cfg.MaxStoredBody = cmp.Or(cfg.MaxStoredBody, defaultMaxStoredBody)
 	cfg.MaxWaitersPerKey = cmp.Or(cfg.MaxWaitersPerKey, defaultMaxWaitersPerKey)
 	cfg.AcquireTimeout = cmp.Or(cfg.AcquireTimeout, DefaultAcquireTimeout)
+	cfg.RequestBodyTimeout = cmp.Or(cfg.RequestBodyTimeout, DefaultRequestBodyTimeout)
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, defaultInFlight(db))
 	if cfg.ReplayHeaders == nil {
 		cfg.ReplayHeaders = defaultReplayHeaders

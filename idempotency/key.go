@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 )
 
 // validateKey accepts 1 to maxLen bytes of visible ASCII. Spaces are excluded,
@@ -35,7 +36,10 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, detail str
 		return []byte{}, 0, ""
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, http.StatusRequestTimeout, "The request body did not arrive in time. Nothing was processed."
+	case err != nil:
 		return nil, http.StatusBadRequest, "The request body could not be read."
 	}
 	if int64(len(body)) > limit {
@@ -45,5 +49,5 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, detail str
 }
 
 func bodyTooLargeDetail(limit int64) string {
-	return fmt.Sprintf("The request body is larger than %d bytes, the most this endpoint accepts with an idempotency key.", limit)
+	return fmt.Sprintf("The request body is larger than %d bytes, the most this endpoint accepts.", limit)
 }

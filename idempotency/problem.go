@@ -69,7 +69,7 @@ func (m *Middleware) keyReused(w http.ResponseWriter) {
 }
 
 // busy answers a request that got no turn on the database (MaxInFlight)
-// within AcquireTimeout. Nothing was read or processed.
+// within AcquireTimeout. Nothing was processed.
 func (m *Middleware) busy(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		return // the client is gone

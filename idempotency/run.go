@@ -144,8 +144,13 @@ func (m *Middleware) run(rec *recorder, r *http.Request, next http.Handler, tx p
 	return nil
 }
 
-// serveWithoutKey runs next in a plain transaction, for Config.Optional.
+// serveWithoutKey runs next in a plain transaction, for Config.Optional. As
+// with a key, the body is read before the request takes a turn.
 func (m *Middleware) serveWithoutKey(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	body, ok := m.readBody(w, r)
+	if !ok {
+		return
+	}
 	release, ok := m.acquire(r.Context())
 	if !ok {
 		m.busy(w, r)
@@ -160,7 +165,7 @@ func (m *Middleware) serveWithoutKey(w http.ResponseWriter, r *http.Request, nex
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
 	rec := newRecorder()
-	err = m.run(rec, r, next, tx, nil)
+	err = m.run(rec, r, next, tx, body)
 	resp := rec.response()
 	switch {
 	case errors.Is(err, errAborted) && resp.status >= 400:

@@ -73,8 +73,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.problem(w, http.StatusInternalServerError, otherProblem, "The server could not tell who sent this request, so it did not process it.")
 		return
 	}
-	if r.ContentLength > m.cfg.MaxRequestBody {
-		m.problem(w, http.StatusRequestEntityTooLarge, bodyTooLarge, bodyTooLargeDetail(m.cfg.MaxRequestBody))
+	// The body is read before the request takes a turn on the database or
+	// waits for its key, so a client that sends it slowly holds only its
+	// own goroutine.
+	body, ok := m.readBody(w, r)
+	if !ok {
 		return
 	}
 
@@ -84,7 +87,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if lead {
 			var kept *response
 			defer func() { m.flights.finish(id, fl, kept) }() // also when next panics
-			kept = m.lead(w, r, next, id)
+			kept = m.lead(w, r, next, id, body)
 			return
 		}
 		if !canWait || m.cfg.InFlightWait == 0 {
@@ -100,7 +103,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.inFlight(w)
 			return
 		case fl.kept != nil:
-			m.replayKept(w, r, id, fl.kept)
+			m.replayKept(w, r, id, fl.kept, body)
 			return
 		}
 		// The request in flight kept no answer: claim the key ourselves.
@@ -122,11 +125,7 @@ func (m *Middleware) await(ctx context.Context, fl *flight, deadline time.Time) 
 
 // replayKept answers a request that waited in memory for another request with
 // the same key, from the answer that request kept.
-func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, id string, kept *response) {
-	body, ok := m.readBody(w, r)
-	if !ok {
-		return
-	}
+func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, id string, kept *response, body []byte) {
 	if !bytes.Equal(kept.fingerprint, m.fingerprint(r, body)) {
 		m.keyReused(w)
 		return
@@ -144,21 +143,17 @@ func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, id strin
 	kept.send(w, true)
 }
 
-// lead serves the first request of a key in this process: it takes a turn on
-// the database, reads the body, claims the key and runs next, or replays the
-// key's stored answer. It returns the answer kept for the key, for the
-// requests waiting on the same key, or nil.
-func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Handler, id string) *response {
+// lead serves the first request of a key in this process, whose body was
+// read: it takes a turn on the database, claims the key and runs next, or
+// replays the key's stored answer. It returns the answer kept for the key,
+// for the requests waiting on the same key, or nil.
+func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Handler, id string, body []byte) *response {
 	release, ok := m.acquire(r.Context())
 	if !ok {
 		m.busy(w, r)
 		return nil
 	}
 	defer release()
-	body, ok := m.readBody(w, r)
-	if !ok {
-		return nil
-	}
 	fp := m.fingerprint(r, body)
 
 	// A key found as a duplicate can expire and be cleaned before its answer
@@ -198,12 +193,18 @@ func (m *Middleware) keyExpired(w http.ResponseWriter) {
 	m.problem(w, http.StatusUnprocessableEntity, keyExpired, fmt.Sprintf("This %s was first used more than %s ago and has expired: its answer is no longer kept. Use a new key for a new request.", m.cfg.Header, formatDuration(m.store.Retention())))
 }
 
-// readBody reads the request's body for fingerprinting, or answers the
-// request with why it cannot.
+// readBody reads the request's body whole, at most MaxRequestBody bytes
+// within RequestBodyTimeout, or answers the request with why it cannot.
 func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+	if r.ContentLength > m.cfg.MaxRequestBody {
+		m.problem(w, http.StatusRequestEntityTooLarge, bodyTooLarge, bodyTooLargeDetail(m.cfg.MaxRequestBody))
+		return nil, false
+	}
+	clear := m.readDeadline(w, r)
 	body, status, detail := readBody(r, m.cfg.MaxRequestBody)
 	switch status {
 	case 0:
+		clear()
 		return body, true
 	case http.StatusRequestEntityTooLarge:
 		m.problem(w, status, bodyTooLarge, detail)
@@ -211,4 +212,28 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 		m.problem(w, status, otherProblem, detail)
 	}
 	return nil, false
+}
+
+// readDeadline sets the connection's read deadline RequestBodyTimeout from
+// now, or the server's ReadTimeout if that is shorter. clear removes it,
+// once the body is read whole. After a failed read the deadline stays: the
+// server then discards what is left of the body before closing, which a
+// client that stopped sending would otherwise hold up forever.
+func (m *Middleware) readDeadline(w http.ResponseWriter, r *http.Request) (clear func()) {
+	noop := func() {}
+	timeout := m.cfg.RequestBodyTimeout
+	if timeout < 0 || r.Body == nil || r.Body == http.NoBody {
+		return noop
+	}
+	if srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok && srv.ReadTimeout > 0 {
+		timeout = min(timeout, srv.ReadTimeout)
+	}
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(timeout)) != nil {
+		return noop // a ResponseWriter that does not reach net/http's
+	}
+	// The deadline is for the body only. net/http's HTTP/1 server also
+	// clears it before reading ahead for the next request, but not every
+	// server does.
+	return func() { _ = rc.SetReadDeadline(time.Time{}) }
 }

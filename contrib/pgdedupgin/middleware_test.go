@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -34,29 +35,52 @@ type api struct {
 	after   atomic.Int32 // calls of a handler after the one that answers
 	entered chan struct{}
 	gate    chan struct{}
+	reading chan struct{} // receives when a request with X-Test-Watch starts reading its body
 }
 
-func newAPI(t *testing.T) *api {
+func newAPI(t *testing.T) *api { return newAPIWith(t, idempotency.Config{}) }
+
+// newAPIWith is newAPI with cfg's settings besides the Store, Scope and Secret.
+func newAPIWith(t *testing.T, cfg idempotency.Config) *api {
 	t.Helper()
 	db := pgdeduptest.New(t)
 	pgdeduptest.Exec(t, db.Pool, `CREATE TABLE orders (id bigserial PRIMARY KEY, owner text NOT NULL, item text NOT NULL)`)
-	mw, err := idempotency.New(db.Pool, idempotency.Config{
-		Store:  pgdedup.Config{Consumer: "orders-api"},
-		Scope:  func(r *http.Request) string { return r.Header.Get("X-Test-User") }, // a test's stand-in for authentication
-		Secret: []byte("pgdedupgin test secret of 32+ bytes!"),
-	})
+	cfg.Store = pgdedup.Config{Consumer: "orders-api"}
+	cfg.Scope = func(r *http.Request) string { return r.Header.Get("X-Test-User") } // a test's stand-in for authentication
+	cfg.Secret = []byte("pgdedupgin test secret of 32+ bytes!")
+	mw, err := idempotency.New(db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &api{pool: db.Pool}
+	a := &api{pool: db.Pool, reading: make(chan struct{}, 8)}
 	r := gin.New()
 	g := r.Group("/")
-	g.Use(pgdedupgin.Middleware(mw))
+	g.Use(a.watchBody, pgdedupgin.Middleware(mw))
 	g.POST("/orders", a.create, func(*gin.Context) { a.after.Add(1) })
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
 	a.url = srv.URL
 	return a
+}
+
+// watchBody reports on a.reading when a request with an X-Test-Watch header
+// starts reading its body.
+func (a *api) watchBody(c *gin.Context) {
+	if c.GetHeader("X-Test-Watch") != "" {
+		c.Request.Body = &firstRead{ReadCloser: c.Request.Body, report: func() { a.reading <- struct{}{} }}
+	}
+}
+
+// firstRead calls report on the first Read.
+type firstRead struct {
+	io.ReadCloser
+	once   sync.Once
+	report func()
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	f.once.Do(f.report)
+	return f.ReadCloser.Read(p)
 }
 
 func (a *api) create(c *gin.Context) {

@@ -2,7 +2,10 @@ package pgdedupotel_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,5 +115,52 @@ func TestTraceSpansSayTheOutcome(t *testing.T) {
 	}
 	if got := pgdeduptest.Count(t, pool, `SELECT count(*) FROM charges`); got != 4 { // a, r, b, c
 		t.Errorf("%d charges, want 4", got)
+	}
+}
+
+// A payload mismatch recorded on a span shows no fingerprint, in its status,
+// attributes or events: the first delivery's unkeyed SHA-256 of a small
+// payload would give the payload away to whoever reads traces (issue 26 §6).
+func TestTraceShowsNoFingerprint(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	_, plain := setup(t, pgdedup.Config{Consumer: "billing"})
+	store := pgdedupotel.Trace(plain, pgdedupotel.Config{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	ctx := ctxT(t)
+	first, second := sha256.Sum256([]byte(`{"pin":"7345"}`)), sha256.Sum256([]byte(`{"pin":"7346"}`))
+	if _, err := plain.Process(ctx, "pin-1", charge("pin-1"), pgdedup.WithFingerprint(first[:])); err != nil {
+		t.Fatal(err)
+	}
+	// fn claims, in its transaction, an ID reused with another payload.
+	_, err := store.Process(ctx, "outer", func(ctx context.Context, tx pgx.Tx) error {
+		_, err := plain.Claim(ctx, tx, "pin-1", pgdedup.WithFingerprint(second[:]))
+		return err
+	})
+	if !errors.Is(err, pgdedup.ErrPayloadMismatch) {
+		t.Fatalf("%v, want ErrPayloadMismatch", err)
+	}
+	spans := rec.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1", len(spans))
+	}
+	s := spans[0]
+	text := []string{s.Status().Description}
+	for _, kv := range s.Attributes() {
+		text = append(text, kv.Value.String())
+	}
+	for _, e := range s.Events() {
+		for _, kv := range e.Attributes {
+			text = append(text, kv.Value.String())
+		}
+	}
+	if !strings.Contains(strings.Join(text, " "), "pin-1") {
+		t.Errorf("the span does not name the ID: %q", text)
+	}
+	for _, h := range []string{hex.EncodeToString(first[:]), hex.EncodeToString(second[:])} {
+		for i := 0; i+6 <= len(h); i++ {
+			if joined := strings.ToLower(strings.Join(text, " ")); strings.Contains(joined, h[i:i+6]) {
+				t.Fatalf("the span shows %q of a fingerprint: %q", h[i:i+6], text)
+			}
+		}
 	}
 }

@@ -92,6 +92,7 @@ func TestImportCommandBadInput(t *testing.T) {
 		{good + "x,2026-01-01T00:00:00Z,2025-01-01T00:00:00Z\n", "line 2: expires_at 2025-01-01T00:00:00Z is not after processed_at"},
 		{good + good, `line 2: message ID ok repeats line 1`},
 		{",2026-01-01T00:00:00Z\n", "line 1: message ID"},
+		{good + "\"  \",2026-01-01T00:00:00Z\n", "line 2: message ID \"  \": invalid message ID: blank"},
 		{"x,2999-01-01T00:00:00Z\n", "line 1: processed_at 2999-01-01T00:00:00Z is in the future"},
 		{"message_id,processed_at\n", "no message ID in it"},
 		{good + "\"x,2026\n", "nothing was imported"},
