@@ -62,7 +62,7 @@ func (a Action) String() string {
 //     context deadline, and the database conditions docs/errors.md lists (a
 //     lock or statement timeout, too many connections or another lack of
 //     resources, a claim that finds no partition because the cleaner is
-//     late, a [Partitioned] Store on a table Setup has not moved yet),
+//     late),
 //     whichever connection the timeouts and the lack of resources come from.
 //   - [ActionDeadLetter] for everything else: invalid input (such as
 //     [ErrInvalidMessageID], [ErrPayloadMismatch], [ErrTooLate]), an
@@ -107,10 +107,8 @@ func retryableSQLState(err error) bool {
 
 // curableError marks an error of pgdedup's own claim that a later attempt
 // cures once something outside the message changes: the table has no
-// partition for the claim's time until a cleaner creates it, and a Store
-// whose [Config.Layout] is [Partitioned] refuses a plain table until
-// [Store.Setup] moves it. [ActionFor] answers [ActionRequeue] for it. Its
-// message is the error's own.
+// partition for the claim's time until a cleaner creates it. [ActionFor]
+// answers [ActionRequeue] for it. Its message is the error's own.
 type curableError struct{ err error }
 
 func (e *curableError) Error() string { return e.err.Error() }

@@ -209,10 +209,6 @@ func TestActionForEveryDocumentedError(t *testing.T) {
 			t.Parallel()
 			err := f(t)
 			t.Logf("error: %v", err)
-			if err == nil && mayWork[row.error] {
-				t.Logf("no error: the case works")
-				return
-			}
 			if got := pgdedup.ActionFor(err); got != row.action {
 				t.Errorf("ActionFor(%v) = %v, want %v", err, got, row.action)
 			}
@@ -230,10 +226,6 @@ func TestActionForEveryDocumentedError(t *testing.T) {
 		})
 	}
 }
-
-// mayWork are the rows of docs/errors.md whose case may instead work: a
-// Store may follow the table as it finds it.
-var mayWork = map[string]bool{"`Layout: Partitioned` before `Setup`": true}
 
 // actionCases returns, by the first column of the table in docs/errors.md,
 // a function that produces the error of that row.
@@ -441,11 +433,6 @@ func actionCases() map[string]func(t *testing.T) error {
 				t.Error("a claim that found no partition charged the order")
 			}
 			return err
-		},
-		// Rolled out before Setup moved the table. Claims may instead
-		// follow the table as they find it (nil).
-		"`Layout: Partitioned` before `Setup`": func(t *testing.T) error {
-			return processWith(t, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour}, charge("o1"))
 		},
 		"`ErrInvalidMessageID`": func(t *testing.T) error {
 			_, err := setup(t, pgdedup.Config{}).store.Process(ctxT(t), "", charge("o1"))

@@ -84,7 +84,9 @@ type Config struct {
 
 	// Layout is the shape of the dedup table that [Store.Setup] creates:
 	// [Plain] (the default) or [Partitioned]. Claims, Cleanup and Stats
-	// follow the table as they find it, whatever Layout says; Layout only
+	// follow the table as they find it, whatever Layout says: a Partitioned
+	// Store rolled out before Setup claims on the plain table, and follows
+	// the table once Setup has moved it (within a minute). Layout only
 	// decides what Setup makes. See docs/partitioning.md.
 	Layout Layout
 

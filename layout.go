@@ -91,8 +91,10 @@ EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regcl
 // layouts returns the layouts of the Store's tables, looking them up with
 // query on first use: one query on plain PostgreSQL, two where Citus is
 // installed, once per Store, and again every defaultLayoutRecheck while the table
-// is plain (see stale). A partitioned table (relkind p) has the
-// partitioned layout whatever Config.Layout says. A missing table is not remembered: the claim
+// is plain (see stale). Config.Layout plays no part: a partitioned table
+// (relkind p) has the partitioned layout, and a plain one the plain layout,
+// so a Partitioned Store rolled out before Setup claims exactly on the plain
+// table and follows the move. A missing table is not remembered: the claim
 // that follows reports it. A table distributed after the Store's first use
 // keeps its plain layout until the next look-up: distribute before starting
 // consumers.
@@ -117,8 +119,6 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 		ls.messages = newCitusLayout(s.messages)
 	case partitioned:
 		ls.messages = newPartitionedLayout(s.messages, s.partitionMeta)
-	case exists && s.cfg.Layout == Partitioned:
-		return nil, &curableError{fmt.Errorf("pgdedup: Config.Layout is Partitioned but %s is a plain table: call Store.Setup once (as the table's owner) before claiming", s.messages.table)}
 	}
 	if offsetsOnCitus {
 		ls.offsets = citusPlacement(s.messages.lockTimeoutMS)

@@ -531,3 +531,64 @@ SELECT 'billing', 'live-' || g, $1::timestamptz, now() + interval '1 hour' FROM 
 		t.Errorf("%d of the 20 live rows left", n)
 	}
 }
+
+// A Store configured Partitioned, rolled out before Setup ran (issue 27):
+// on the plain table it claims with the plain statement, exactly once.
+// Another such Store, which does not run Setup and looks the table up again
+// only every minute, works beside it. After Setup moved the table, both
+// still claim exactly once, and an ID claimed before Setup is still a
+// duplicate.
+func TestPartitionedStoreBeforeSetup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	cfg := pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12}
+	part := moveStore(t, b, cfg, 0, 0)
+	other := moveStore(t, b, cfg, 0, 0)
+	ctx := ctxT(t)
+	deliver := func(phase string) {
+		t.Helper()
+		for i := range 5 {
+			id := fmt.Sprintf("%s-%d", phase, i)
+			for d, s := range []*pgdedup.Store{part, other, part} {
+				processed, err := s.Process(ctx, id, charge("billing/"+id))
+				if err != nil || processed != (d == 0) {
+					t.Fatalf("%s, delivery %d: processed=%v err=%v, want %v", id, d+1, processed, err, d == 0)
+				}
+			}
+		}
+		ids := []string{phase + "-b0", phase + "-b1", phase + "-0"}
+		for d, s := range []*pgdedup.Store{other, part} {
+			fresh, err := s.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+				for _, id := range fresh {
+					if err := charge("billing/"+id)(ctx, tx); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if want := map[int]int{0: 2, 1: 0}[d]; err != nil || len(fresh) != want {
+				t.Fatalf("%s batch delivery %d: fresh=%v err=%v, want %d fresh", phase, d+1, fresh, err, want)
+			}
+		}
+	}
+	deliver("before")
+	if pgtest.CitusColumn() == "" {
+		if err := part.Setup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		deliver("after")
+		for _, s := range []*pgdedup.Store{part, other} {
+			if processed, err := s.Process(ctx, "before-3", charge("billing/before-3")); err != nil || processed {
+				t.Errorf("an ID claimed before Setup: processed=%v err=%v, want a duplicate", processed, err)
+			}
+		}
+	}
+	for order, n := range chargesPerOrder(t, b.pool) {
+		if n != 1 {
+			t.Errorf("order %s charged %d times, want once", order, n)
+		}
+	}
+	if n := len(chargesPerOrder(t, b.pool)); n != 7 && n != 14 {
+		t.Errorf("%d orders charged, want 7 per phase", n)
+	}
+}

@@ -17,7 +17,7 @@
 //	messaging.process.duration  Float64Histogram    s           messaging.operation.name: process, process_batch
 //	pgdedup.retries             Int64Counter        {attempt}   error.type: the SQLSTATE, or connection
 //	pgdedup.cleanup.deleted     Int64Counter        {row}
-//	pgdedup.cleanup.duration    Float64Histogram    s           error.type, when the run failed
+//	pgdedup.cleanup.duration    Float64Histogram    s           error.type, when the run failed (cleanup_starved: ErrCleanupStarved)
 //
 // The duplicate ratio is pgdedup.messages with outcome duplicate over all
 // outcomes; the pattern's rule of thumb is that above 50% something upstream

@@ -22,7 +22,7 @@ const (
 	AttrConsumer   = attribute.Key("messaging.consumer.group.name") // pgdedup.Config.Consumer
 	AttrOperation  = attribute.Key("messaging.operation.name")      // process, process_batch
 	AttrOutcome    = attribute.Key("pgdedup.outcome")               // processed, duplicate, in_flight (spans: also error)
-	AttrErrorType  = attribute.Key("error.type")                    // SQLSTATE, connection, canceled, timeout or _OTHER
+	AttrErrorType  = attribute.Key("error.type")                    // SQLSTATE, connection, canceled, timeout, cleanup_starved or _OTHER
 	AttrMessageID  = attribute.Key("messaging.message.id")          // spans of Process only
 	AttrBatchCount = attribute.Key("messaging.batch.message_count") // spans of ProcessBatch only
 	AttrFreshCount = attribute.Key("pgdedup.fresh_count")           // spans of ProcessBatch only: IDs that were new
@@ -137,6 +137,8 @@ func errorType(err error) string {
 		return "in_flight"
 	case errors.Is(err, pgdedup.ErrInvalidMessageID):
 		return "invalid_message_id"
+	case errors.Is(err, pgdedup.ErrCleanupStarved):
+		return "cleanup_starved"
 	case errors.As(err, &pgErr):
 		return pgErr.Code
 	case errors.Is(err, context.Canceled):

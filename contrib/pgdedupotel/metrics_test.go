@@ -126,6 +126,41 @@ func TestOnEventCleanupFailure(t *testing.T) {
 	}
 }
 
+// A cleanup starved of the cleaners' turn (another session holds it) is
+// measured with error.type cleanup_starved, which the shipped alert rule
+// (contrib/pgdedupprom/alerts.yml) selects.
+func TestOnEventCleanupStarved(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	onEvent, err := pgdedupotel.OnEvent(pgdedupotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, _ := setup(t, pgdedup.Config{Consumer: "billing"})
+	ctx := ctxT(t)
+	pgdeduptest.Exec(t, pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
+VALUES ('billing', 'old', now() - interval '2 hours', now() - interval '1 hour')`)
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock(1885824100, 'processed_messages'::regclass::oid::int4)`); err != nil {
+		t.Fatal(err)
+	}
+	cron, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", CleanupTurnWait: 200 * time.Millisecond, OnEvent: onEvent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cron.Cleanup(ctx); !errors.Is(err, pgdedup.ErrCleanupStarved) {
+		t.Fatalf("Cleanup with the turn held: %v, want ErrCleanupStarved", err)
+	}
+	got := collect(t, reader)
+	if k := "pgdedup.cleanup.duration{error.type=cleanup_starved,messaging.consumer.group.name=billing}"; got[k] != 1 {
+		t.Errorf("%s = %v, want 1; collected %v", k, got[k], got)
+	}
+}
+
 // collect reads reader once and flattens it: counters to their sum,
 // histograms to their count, keyed by name{attributes sorted by key}.
 func collect(t *testing.T, reader sdkmetric.Reader) map[string]float64 {

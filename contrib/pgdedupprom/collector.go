@@ -2,7 +2,8 @@
 // per consumer, expired rows, the oldest row and the table's size, from
 // [pgdedup.Store.Stats]. With them a stuck cleanup can be alerted on; the
 // duplicate rate comes from the messages counters of pgdedupotel (see
-// docs/integrations.md in the repository for both, with alert rules).
+// docs/integrations.md in the repository for both). alerts.yml beside this
+// file holds alerting rules over both, dashboard.json a Grafana dashboard.
 //
 //	store, _ := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
 //	prometheus.MustRegister(pgdedupprom.NewCollector(store, pgdedupprom.Options{}))

@@ -2,7 +2,10 @@ module github.com/pgdedup/pgdedup/contrib/pgdedupprom
 
 go 1.26.8
 
-require github.com/pgdedup/pgdedup v0.0.0-00010101000000-000000000000
+require (
+	github.com/pgdedup/pgdedup v0.0.0-00010101000000-000000000000
+	go.yaml.in/yaml/v3 v3.0.6
+)
 
 require (
 	dario.cat/mergo v1.0.2 // indirect
@@ -54,7 +57,6 @@ require (
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 )
 
