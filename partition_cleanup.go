@@ -247,7 +247,7 @@ func (s *Store) createPartition(ctx context.Context, st *partitionState, p Parti
 		b.Queue(`BEGIN`)
 		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
 		b.Queue(createPartitionSQL(s.messages.table, st, p.Name, p.From, p.To))
-		b.Queue(`SELECT coalesce(pg_catalog.current_setting('`+partitionCreatedSetting+`', true), '') = 'true'`).QueryRow(func(row pgx.Row) error {
+		b.Queue(`SELECT coalesce(pg_catalog.current_setting('` + partitionCreatedSetting + `', true), '') = 'true'`).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&mine)
 		})
 		b.Queue(`COMMIT`)
