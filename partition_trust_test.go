@@ -387,3 +387,45 @@ func TestNoDDLAdoptsAnObject(t *testing.T) {
 		t.Fatalf("only %d statements with DDL recorded: the tracer missed them", ddl)
 	}
 }
+
+// §4: a role with only USAGE on the schema holds an AccessShareLock on the
+// table (PREPARE parses a query without running it, so no privilege is
+// checked) in a transaction left open. Sealing waits for it; once sealing has
+// been due for a span, Cleanup returns ErrCleanupStarved naming its pid,
+// role and application, creates the partitions ahead all the same, and
+// claims go on.
+func TestSealStarvedByUsageOnlyRole(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{}) // 2-second partitions
+	ctx := ctxT(t)
+	pgdedup.SetPartitionWaits(b.store, 10*time.Millisecond, 10*time.Millisecond)
+	role, url := b.db.NewRole(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := "usage-only-" + role
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	mustExec(t, conn, `BEGIN`)
+	mustExec(t, conn, `PREPARE p AS SELECT 1 FROM processed_messages`)
+	var pid int32
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	waitSwitch(t, b.pool)
+	waitSwitch(t, b.pool)
+	_, err = b.store.Cleanup(ctx)
+	if !errors.Is(err, pgdedup.ErrCleanupStarved) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d (role %s", pid, role)) ||
+		!strings.Contains(err.Error(), app) {
+		t.Fatalf("Cleanup with sealing held up by a USAGE-only role: %v, want ErrCleanupStarved naming pid %d, role %s and %s", err, pid, role, app)
+	}
+	if processed, err := b.store.Process(ctx, "m1", charge("m1")); err != nil || !processed {
+		t.Fatalf("a claim while sealing is held up: processed=%v err=%v", processed, err)
+	}
+	mustExec(t, conn, `ROLLBACK`)
+}
