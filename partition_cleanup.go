@@ -282,7 +282,7 @@ DECLARE
 BEGIN
     PERFORM pg_catalog.pg_try_advisory_xact_lock(` + cleanupLockClass + `, ` + t + `::pg_catalog.int4);
 ` + checkPartitionSQL(t, name, columns...) +
-		refuseTakenSQL(`(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) `+t+`)`, name, name+"_key", name+"_exp") + `
+		refuseTakenSQL(`(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) `+t+`)`, t, name, name+"_key", name+"_exp") + `
     CREATE TABLE ` + q + ` (LIKE ` + parent + ` INCLUDING DEFAULTS);
     CREATE UNIQUE INDEX ` + pgx.Identifier{name + "_key"}.Sanitize() + ` ON ` + q + ` (` + unique + `);
     CREATE INDEX ` + pgx.Identifier{name + "_exp"}.Sanitize() + ` ON ` + q + ` (expires_at);

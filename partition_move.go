@@ -171,7 +171,7 @@ DECLARE
     r   record;
 BEGIN
     LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE;
-` + partitionMetaSQL(s.partitionMeta, tOID) + refuseTakenSQL(nspOID, legacy) + fillKeyCheckSQL(nspOID, tOID) + `
+` + partitionMetaSQL(s.partitionMeta, tOID) + refuseTakenSQL(nspOID, tOID, legacy) + fillKeyCheckSQL(nspOID, tOID) + `
     IF pg_catalog.clock_timestamp() >= ` + bound(at.Add(-lead/2)) + ` THEN
         RAISE EXCEPTION USING ERRCODE = 'PGD02', MESSAGE = 'too close to the switch time';
     END IF;

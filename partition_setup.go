@@ -40,6 +40,13 @@ import (
 // A role granted INSERT on the table later also needs SELECT on
 // pgdedup_partitions, which every claim reads.
 //
+// Setup uses no object it did not create in the same transaction. An
+// existing pgdedup_partitions, partition or claim function is used only if
+// its owner is the table's owner, the role running Setup or a superuser
+// (and pgdedup_partitions has no triggers, rules or row security, and a
+// partition a valid unique index on key). Any other object under a name
+// Setup creates makes it fail with an error naming the object and its owner.
+//
 // After Setup, [Store.Cleanup] (RunCleaner, `pgdedup cleanup`) keeps the
 // partitions: it creates them ahead of need, seals them and drops those whose
 // IDs have all expired. Run it at least every partition span.
@@ -185,7 +192,7 @@ BEGIN
         SELECT c.relacl, n.nspname, c.relname INTO acl, nsp, rel
         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
         WHERE c.oid OPERATOR(pg_catalog.=) t::pg_catalog.oid;
-` + refuseTakenSQL(nspOID, "pgdedup_partitioned_new") + fillKeyCheckSQL(nspOID, `t::pg_catalog.oid`) + `        -- The same columns (00002's included) and defaults, partitioned.
+` + refuseTakenSQL(nspOID, `t::pg_catalog.oid`, "pgdedup_partitioned_new") + fillKeyCheckSQL(nspOID, `t::pg_catalog.oid`) + `        -- The same columns (00002's included) and defaults, partitioned.
         EXECUTE pg_catalog.format('CREATE TABLE %I.pgdedup_partitioned_new (LIKE %I.%I INCLUDING DEFAULTS) PARTITION BY RANGE (processed_at)',
             nsp, nsp, rel);
         -- 00003's trigger, which fills key for raw-SQL inserts, from the

@@ -49,18 +49,23 @@ func nameArray(names ...string) string {
 }
 
 // refuseTakenSQL is PL/pgSQL that raises PGD05 if a relation or a type
-// named one of names exists in the schema of OID nsp (an expression),
-// naming it and its owner. It needs `r record`.
-func refuseTakenSQL(nsp string, names ...string) string {
-	return `    FOR r IN SELECT n.nspname, c.relname AS name, pg_catalog.pg_get_userbyid(c.relowner) AS owner
+// named one of names exists in the schema of OID nsp (an expression) and
+// its owner is not trusted for the table of OID t, naming it and its owner.
+// An object of a trusted owner (another cleaner's partition, committed since
+// the caller looked) is left to the CREATE that follows, which then fails
+// with a duplicate name, and is never used either. It needs `r record`.
+func refuseTakenSQL(nsp, t string, names ...string) string {
+	return `    FOR r IN SELECT n.nspname, c.relname AS name, c.relowner AS o, pg_catalog.pg_get_userbyid(c.relowner) AS owner
              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
              WHERE c.relnamespace OPERATOR(pg_catalog.=) ` + nsp + ` AND c.relname OPERATOR(pg_catalog.=) ANY (` + nameArray(names...) + `)
              UNION ALL
-             SELECT n.nspname, y.typname, pg_catalog.pg_get_userbyid(y.typowner)
+             SELECT n.nspname, y.typname, y.typowner, pg_catalog.pg_get_userbyid(y.typowner)
              FROM pg_catalog.pg_type y JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) y.typnamespace
              WHERE y.typnamespace OPERATOR(pg_catalog.=) ` + nsp + ` AND y.typrelid OPERATOR(pg_catalog.=) 0
              AND y.typname OPERATOR(pg_catalog.=) ANY (` + nameArray(names...) + `) LOOP
-        ` + refusedSQL(`%I.%I exists, owned by role %I, under a name pgdedup creates`, `r.nspname, r.name, r.owner`) + `
+        IF NOT ` + trustedSQL("r.o", t) + ` THEN
+            ` + refusedSQL(`%I.%I exists, owned by role %I, under a name pgdedup creates`, `r.nspname, r.name, r.owner`) + `
+        END IF;
     END LOOP;
 `
 }
