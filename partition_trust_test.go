@@ -259,30 +259,38 @@ func TestCleanupStarvedWhenCreationBlocked(t *testing.T) {
 	const span = 6 * time.Second // longer than creation's lock_timeout
 	b := setupPartitioned(t, pgdedup.Config{Retention: 10 * span, Partitions: 10})
 	ctx := ctxT(t)
-	// A Cleanup that began and ended in the span of c1 (creating partitions
-	// on Citus takes seconds) made the partitions up to 3 spans after it.
-	for {
+	// A Cleanup that began and ended in one span made the partitions up to
+	// 3 spans after it; the lock is then taken in that same span (creating
+	// partitions and locking take seconds on Citus: tried again if not).
+	s := newSession(t, b)
+	var tx pgx.Tx
+	var pid int32
+	for try := 0; ; try++ {
 		before, _ := partitionClock(t, b.pool)
 		if _, err := b.store.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if tx, err = s.conn.Begin(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		mustExec(t, tx, `LOCK TABLE processed_messages IN SHARE UPDATE EXCLUSIVE MODE`)
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 			t.Fatal(err)
 		}
 		if after, _ := partitionClock(t, b.pool); after.Equal(before) {
 			break
 		}
-	}
-	s := newSession(t, b)
-	tx, err := s.conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	mustExec(t, tx, `LOCK TABLE processed_messages IN SHARE UPDATE EXCLUSIVE MODE`)
-	var pid int32
-	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
+		if try == 5 {
+			t.Fatal("no Cleanup and lock within one span in 5 tries")
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	current := waitSwitch(t, b.pool)
-	_, err = b.store.Cleanup(ctx)
+	_, err := b.store.Cleanup(ctx)
 	if !errors.Is(err, pgdedup.ErrCleanupStarved) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", pid)) ||
 		!strings.Contains(err.Error(), s.app) {
 		t.Fatalf("Cleanup with partition creation held up: %v, want ErrCleanupStarved naming pid %d and %s", err, pid, s.app)
@@ -440,4 +448,35 @@ func TestSealStarvedByUsageOnlyRole(t *testing.T) {
 		t.Fatalf("a claim while sealing is held up: processed=%v err=%v", processed, err)
 	}
 	mustExec(t, conn, `ROLLBACK`)
+}
+
+// A function named like the Citus claim function, planted before Setup with
+// an argument type that a claim's NULL fingerprint would prefer. On Citus,
+// where claims call that function, Setup refuses it naming it and its owner;
+// on plain PostgreSQL claims never call it. Either way it never runs.
+func TestSetupRefusesPlantedClaimFunction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10})
+	ctx := ctxT(t)
+	role, attacker := plantingRole(t, b)
+	mustExec(t, b.pool, `CREATE TABLE planted_calls (as_user text)`)
+	mustExec(t, b.pool, `GRANT INSERT ON planted_calls TO PUBLIC`)
+	mustExec(t, attacker, `CREATE FUNCTION pgdedup_partitioned_claim(t regclass, meta regclass, c text,
+    ids text[], keys uuid[], exp timestamptz, fp text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO `+b.db.Schema+`.planted_calls VALUES (current_user);
+END $$`)
+	err := b.store.Setup(ctx)
+	if pgtest.CitusColumn() != "" {
+		refusedNaming(t, "Setup on Citus with a planted claim function", err, "pgdedup_partitioned_claim", role)
+	} else if err != nil {
+		t.Fatalf("Setup: %v", err)
+	} else {
+		if _, err := b.store.ProcessBatch(ctx, []string{"m1", "m2"}, func(context.Context, pgx.Tx, []string) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM planted_calls`); n != 0 {
+		t.Fatalf("the planted function ran %d times", n)
+	}
 }
