@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"strings"
 	"sync"
@@ -478,5 +479,55 @@ END $$`)
 	}
 	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM planted_calls`); n != 0 {
 		t.Fatalf("the planted function ran %d times", n)
+	}
+}
+
+// The migrations' statements that keep an existing object, each with why no
+// other role's object can be used through it. Any other is an error.
+var migrationAdoptingDDL = map[string]string{
+	// Refused unless a trusted role owns them, by the guard statements
+	// before and after (TestMigrationRefusesPlantedKeyFunctions).
+	"00003_compact_key.sql: CREATE OR REPLACE FUNCTION pgdedup_key":               "guarded",
+	"00003_compact_key.sql: CREATE OR REPLACE FUNCTION pgdedup_fill_key":          "guarded",
+	"00005_function_search_path.sql: CREATE OR REPLACE FUNCTION pgdedup_key":      "guarded",
+	"00005_function_search_path.sql: CREATE OR REPLACE FUNCTION pgdedup_fill_key": "guarded",
+	// Another role's object of that name is no index of processed_messages
+	// (only its owner can make one): the next statement's PRIMARY KEY USING
+	// INDEX (or DROP INDEX) fails, and the migration stops.
+	"00003_compact_key.sql: CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_messages_key_new": "fails closed",
+	"00003_compact_key.sql: CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_messages_id_new":  "fails closed",
+}
+
+// Every statement of the migrations that would keep an existing object is
+// one of migrationAdoptingDDL. (ADD COLUMN IF NOT EXISTS names a column of
+// pgdedup's own table, which no other role can add.)
+func TestMigrationsAdoptNoObject(t *testing.T) {
+	t.Parallel()
+	stmt := regexp.MustCompile(`(?is)\bCREATE\s+(?:OR\s+REPLACE\s+FUNCTION|(?:UNIQUE\s+)?(?:TABLE|INDEX|SEQUENCE|VIEW|TYPE|SCHEMA)\s+(?:CONCURRENTLY\s+)?IF\s+NOT\s+EXISTS)\s+\w+`)
+	found := map[string]bool{}
+	err := fs.WalkDir(pgdedup.Migrations(), ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(pgdedup.Migrations(), path)
+		if err != nil {
+			return err
+		}
+		for _, m := range stmt.FindAllString(string(b), -1) {
+			key := path + ": " + strings.Join(strings.Fields(m), " ")
+			found[key] = true
+			if _, ok := migrationAdoptingDDL[key]; !ok {
+				t.Errorf("%s keeps an existing object of that name: create it, or check its owner", key)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range migrationAdoptingDDL {
+		if !found[key] {
+			t.Errorf("%s is listed but not found: update migrationAdoptingDDL", key)
+		}
 	}
 }
