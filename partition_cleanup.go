@@ -181,9 +181,9 @@ func partitionName(parent string, from time.Time) string {
 // createPartitions creates the partitions from the current one to
 // partitionsAhead after it that are missing (and, given back, one covering
 // back before the current one if none is older), each as a table of its own with
-// its unique index on key and index on expires_at, then attached. Concurrent
-// Cleanups take turns through the cleaners' advisory lock. It returns the
-// partitions it created, oldest first.
+// its unique index on key and index on expires_at, then attached, each in a
+// transaction of its own. It returns the partitions it created, oldest
+// first, and an error wrapping ErrCleanupStarved if a lock held some up.
 func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]PartitionSpan, error) {
 	st, err := s.readPartitions(ctx)
 	if err != nil {
@@ -344,8 +344,9 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 func (s *Store) waitLockers(ctx context.Context, d time.Duration) (open []string, err error) {
 	// A lock on the table in a mode claims take, or a claim's advisory lock on
 	// Citus (see partitionClaimLockClass); not a cleaner creating partitions
-	// (it holds the cleaners' turn), which on Citus takes long enough to hold
-	// sealing up.
+	// (it holds the cleaners' advisory lock when it is free, as a mark: see
+	// createPartitionSQL), which on Citus takes long enough to hold sealing
+	// up.
 	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
 	from := `FROM pg_catalog.pg_locks WHERE database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
 AND virtualtransaction NOT IN (SELECT virtualtransaction FROM pg_catalog.pg_locks WHERE locktype = 'advisory'
