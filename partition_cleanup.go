@@ -263,9 +263,11 @@ func (s *Store) createPartition(ctx context.Context, st *partitionState, p Parti
 // which it checks (checkPartitionSQL). Otherwise each name it takes must be
 // free (refuseTakenSQL), and it creates the table, its unique index on key,
 // its index on expires_at, and attaches it (SHARE UPDATE EXCLUSIVE on the
-// parent: claims go on), in the caller's transaction. It takes the cleaners'
+// parent: claims go on), in the caller's transaction. It takes that lock
+// first, so that cleaners racing for a partition take turns (only roles
+// that may change the table's rows can take it), and the cleaners'
 // advisory lock if it is free, only so that sealing does not wait for it
-// (waitLockers); whoever holds it does not hold creation up.
+// (waitLockers): whoever holds that does not hold creation up.
 func createPartitionSQL(parent string, st *partitionState, name string, from, to time.Time) string {
 	q := st.quoted(name)
 	// Citus wants the distribution column in every unique index.
@@ -280,6 +282,10 @@ func createPartitionSQL(parent string, st *partitionState, name string, from, to
 DECLARE
     r record;
 BEGIN
+    -- The lock ATTACH takes, taken first: concurrent cleaners create one
+    -- partition at a time, and the next one finds it attached. Claims take
+    -- ROW EXCLUSIVE, which it does not conflict with.
+    LOCK TABLE ` + parent + ` IN SHARE UPDATE EXCLUSIVE MODE;
     PERFORM pg_catalog.pg_try_advisory_xact_lock(` + cleanupLockClass + `, ` + t + `::pg_catalog.int4);
 ` + checkPartitionSQL(t, name, columns...) +
 		refuseTakenSQL(`(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) `+t+`)`, t, name, name+"_key", name+"_exp") + `
