@@ -215,22 +215,35 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 	// winner's (createPartition).
 	made := created[:0]
 	var blocked []string
-	for _, p := range created {
+	for i, p := range created {
 		mine, err := s.createPartition(ctx, st, p)
 		switch {
 		case isCode(err, "55P03"):
-			blocked = append(blocked, p.Name)
-			continue
+			// The rest would wait for the same lock.
+			for _, q := range created[i:] {
+				blocked = append(blocked, q.Name)
+			}
 		case err != nil:
 			return made, fmt.Errorf("pgdedup: create partition %s of %s: %w", p.Name, s.messages.table, withDetail(err))
 		case mine:
 			made = append(made, p)
+		}
+		if len(blocked) > 0 {
+			break
 		}
 	}
 	if len(blocked) > 0 {
 		return made, s.creationStarved(ctx, st, made, blocked)
 	}
 	return made, nil
+}
+
+// createLockTimeout bounds creation's wait for its lock on the parent: a
+// second longer than another cleaner's detach may hold it (detachWait), so
+// that only a session holding it longer makes Cleanup starved. Claims do not
+// wait behind it (SHARE UPDATE EXCLUSIVE).
+func (s *Store) createLockTimeout() time.Duration {
+	return cmp.Or(s.waits.detach, defaultDetachWait) + time.Second
 }
 
 // partitionCreatedSetting is set, until the transaction that created a
@@ -245,7 +258,7 @@ func (s *Store) createPartition(ctx context.Context, st *partitionState, p Parti
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
 		b.Queue(`BEGIN`)
-		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
+		b.Queue(fmt.Sprintf(`SELECT pg_catalog.set_config('lock_timeout', '%dms', true)`, s.createLockTimeout().Milliseconds()))
 		b.Queue(createPartitionSQL(s.messages.table, st, p.Name, p.From, p.To))
 		b.Queue(`SELECT coalesce(pg_catalog.current_setting('` + partitionCreatedSetting + `', true), '') = 'true'`).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&mine)

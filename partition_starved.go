@@ -24,9 +24,10 @@ import (
 // lock on the table that ATTACH PARTITION (SHARE UPDATE EXCLUSIVE) or
 // CREATE TABLE … LIKE waits for: a long manual VACUUM, ANALYZE or CREATE
 // INDEX CONCURRENTLY, a transaction that locked the table in a stronger
-// mode, or another cleaner's detach (up to its wait). After lock_timeout (2
-// s) the partition is left to the next run, and the run returns
-// ErrCleanupStarved naming the sessions, after doing the rest of its work.
+// mode. After a second more than another cleaner's detach may hold it
+// (createLockTimeout: 6 s by default) the partition is left to the next run,
+// and the run returns ErrCleanupStarved naming the sessions, after doing the
+// rest of its work.
 // Claims fail only once the clock passes the last partition created: the
 // first run after a partition fell due reports it, with the partitions
 // ahead (partitionsAhead spans) still to go, less the time since the switch.

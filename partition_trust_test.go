@@ -257,9 +257,11 @@ WHERE i.inhparent = 'processed_messages'::regclass AND b.m[1]::timestamptz = $1`
 // partitions ahead still cover the next two spans: claims go on.
 func TestCleanupStarvedWhenCreationBlocked(t *testing.T) {
 	t.Parallel()
-	const span = 6 * time.Second // longer than creation's lock_timeout
+	const span = 6 * time.Second
 	b := setupPartitioned(t, pgdedup.Config{Retention: 10 * span, Partitions: 10})
 	ctx := ctxT(t)
+	// Creation then waits 2 s for its lock (the detach wait and a second).
+	pgdedup.SetPartitionWaits(b.store, time.Second, time.Second)
 	// A Cleanup that began and ended in one span made the partitions up to
 	// 3 spans after it; the lock is then taken in that same span (creating
 	// partitions and locking take seconds on Citus: tried again if not).
