@@ -291,6 +291,13 @@ func createPartitionSQL(parent string, st *partitionState, name string, from, to
 	}
 	t := `'` + parent + `'::pg_catalog.regclass::pg_catalog.oid`
 	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
+	lock := `LOCK TABLE ` + parent + ` IN SHARE UPDATE EXCLUSIVE MODE`
+	if st.distributed != "" {
+		// On the coordinator only, where cleaners run: Citus's LOCK TABLE
+		// locks every shard of every partition on every node (a third of a
+		// second per partition created). It checks the same privileges.
+		lock = `PERFORM pg_catalog.lock_relation_if_exists(` + quoteLiteral(parent) + `, 'SHARE UPDATE EXCLUSIVE')`
+	}
 	return `DO $pgdedup$
 DECLARE
     r record;
@@ -298,7 +305,7 @@ BEGIN
     -- The lock ATTACH takes, taken first: concurrent cleaners create one
     -- partition at a time, and the next one finds it attached. Claims take
     -- ROW EXCLUSIVE, which it does not conflict with.
-    LOCK TABLE ` + parent + ` IN SHARE UPDATE EXCLUSIVE MODE;
+    ` + lock + `;
     PERFORM pg_catalog.pg_try_advisory_xact_lock(` + cleanupLockClass + `, ` + t + `::pg_catalog.int4);
 ` + checkPartitionSQL(t, name, columns...) +
 		refuseTakenSQL(`(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) `+t+`)`, t, name, name+"_key", name+"_exp") + `
