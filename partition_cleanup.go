@@ -218,6 +218,10 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 	for i, p := range created {
 		mine, err := s.createPartition(ctx, st, p)
 		switch {
+		case isCode(err, "55P03") && s.cleanerCreating(ctx):
+			// Another cleaner holds the lock to create partitions: it
+			// creates the rest (and reports it if it is held up itself).
+			return made, nil
 		case isCode(err, "55P03"):
 			// The rest would wait for the same lock.
 			for _, q := range created[i:] {

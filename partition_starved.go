@@ -32,6 +32,23 @@ import (
 // first run after a partition fell due reports it, with the partitions
 // ahead (partitionsAhead spans) still to go, less the time since the switch.
 
+// cleanerCreating reports whether every session holding a lock on the table
+// that creation waits for is a cleaner creating partitions: it holds the
+// cleaners' advisory lock too (createPartitionSQL takes it when free, after
+// its lock on the table, which only roles that may change the table's rows
+// can take).
+func (s *Store) cleanerCreating(ctx context.Context) bool {
+	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
+	var creating bool
+	err := s.db.QueryRow(ctx, `WITH h AS (SELECT DISTINCT l.pid FROM pg_catalog.pg_locks l
+WHERE l.locktype = 'relation' AND l.granted AND l.relation = `+oid+`
+AND l.mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid())
+SELECT count(*) > 0 AND coalesce(bool_and(EXISTS (SELECT FROM pg_catalog.pg_locks a WHERE a.pid = h.pid AND a.locktype = 'advisory'
+AND a.granted AND a.classid = `+cleanupLockClass+`::pg_catalog.oid AND a.objid = `+oid+` AND a.objsubid = 2)), false) FROM h`).Scan(&creating)
+	return err == nil && creating
+}
+
 // creationStarved returns an error wrapping ErrCleanupStarved: partitions
 // blocked could not be created for a lock; st's partitions and made (this
 // run's) say when claims would fail.
