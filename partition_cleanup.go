@@ -295,7 +295,7 @@ func createPartitionSQL(parent string, st *partitionState, name string, from, to
 	}
 	t := `'` + parent + `'::pg_catalog.regclass::pg_catalog.oid`
 	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
-	lock := `LOCK TABLE ` + parent + ` IN SHARE UPDATE EXCLUSIVE MODE`
+	lock := `LOCK TABLE ONLY ` + parent + ` IN SHARE UPDATE EXCLUSIVE MODE`
 	if st.distributed != "" {
 		// On the coordinator only, where cleaners run: Citus's LOCK TABLE
 		// locks every shard of every partition on every node (a third of a
