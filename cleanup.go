@@ -56,7 +56,11 @@ import (
 // detach and its drop leaves a table that the next run drops. Transactions
 // that hold a lock on the table and stay open keep partitions from being
 // sealed: once sealing has been due for a partition span, Cleanup does the
-// rest of its work and returns ErrCleanupStarved naming them.
+// rest of its work and returns ErrCleanupStarved naming them. So does a
+// session holding a lock that creating a partition waits for more than 6 s
+// (a long VACUUM or CREATE INDEX CONCURRENTLY on the table): the first run
+// after a partition fell due reports it, while the partitions ahead still
+// last at least two spans. Partition creation takes no advisory lock.
 func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	e := Event{Kind: EventCleanup}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,6 +76,9 @@ func (st *partitionState) quoted(name string) string {
 
 // readPartitions reads the table's partitioning.
 func (s *Store) readPartitions(ctx context.Context) (*partitionState, error) {
+	if err := s.checkPartitionMeta(ctx); err != nil {
+		return nil, err
+	}
 	st := &partitionState{}
 	err := s.db.QueryRow(ctx, `SELECT p.span, p.sealed, pg_catalog.date_bin(p.span, pg_catalog.clock_timestamp(), `+partitionOrigin+`),
 n.nspname::text, c.relname::text
@@ -120,6 +122,12 @@ func (s *Store) cleanupPartitioned(ctx context.Context, e *Event) (deleted int64
 	e.Created, e.Dropped = []PartitionSpan{}, []PartitionSpan{}
 	created, err := s.createPartitions(ctx, 0)
 	e.Created = append(e.Created, created...)
+	// Starved creation, like starved sealing, is reported once the rest is
+	// done.
+	var starved error
+	if errors.Is(err, ErrCleanupStarved) {
+		starved, err = err, nil
+	}
 	if err != nil {
 		return 0, false, err
 	}
@@ -129,9 +137,8 @@ func (s *Store) cleanupPartitioned(ctx context.Context, e *Event) (deleted int64
 	}
 	sealedBefore, waiting, err := s.sealPartitions(ctx, st)
 	// Starved sealing is reported once the rest is done.
-	var starved error
 	if errors.Is(err, ErrCleanupStarved) {
-		starved, err = err, nil
+		starved, err = errors.Join(starved, err), nil
 	}
 	if err != nil {
 		return 0, false, err
@@ -174,9 +181,9 @@ func partitionName(parent string, from time.Time) string {
 // createPartitions creates the partitions from the current one to
 // partitionsAhead after it that are missing (and, given back, one covering
 // back before the current one if none is older), each as a table of its own with
-// its unique index on key and index on expires_at, then attached. Concurrent
-// Cleanups take turns through the cleaners' advisory lock. It returns the
-// partitions it created, oldest first.
+// its unique index on key and index on expires_at, then attached, each in a
+// transaction of its own. It returns the partitions it created, oldest
+// first, and an error wrapping ErrCleanupStarved if a lock held some up.
 func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]PartitionSpan, error) {
 	st, err := s.readPartitions(ctx)
 	if err != nil {
@@ -203,63 +210,116 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 	if len(created) == 0 {
 		return nil, nil
 	}
-	var ddl strings.Builder
-	for _, p := range created {
-		ddl.WriteString(createPartitionSQL(s.messages.table, st, p.Name, p.From, p.To))
-	}
-	if err := s.exec(ctx, createPartitionsSQL(s.messages.table, ddl.String())); err != nil {
-		return nil, fmt.Errorf("pgdedup: create partitions %s of %s: %w", strings.Join(spanNames(created), ", "), s.messages.table, withDetail(err))
-	}
-	// Another cleaner may have had the turn: report what this one made.
-	after, err := s.readPartitions(ctx)
-	if err != nil {
-		return nil, err
-	}
+	// Each partition in a transaction of its own, which needs no turn:
+	// concurrent cleaners may create the same one, and the losers find the
+	// winner's (createPartition).
 	made := created[:0]
-	for _, p := range created {
-		named := func(q partitionInfo) bool { return q.name == p.Name }
-		if slices.ContainsFunc(after.parts, named) && !slices.ContainsFunc(st.parts, named) {
+	var blocked []string
+	for i, p := range created {
+		mine, err := s.createPartition(ctx, st, p)
+		switch {
+		case isCode(err, "55P03") && s.cleanerCreating(ctx):
+			// Another cleaner holds the lock to create partitions: it
+			// creates the rest (and reports it if it is held up itself).
+			return made, nil
+		case isCode(err, "55P03"):
+			// The rest would wait for the same lock.
+			for _, q := range created[i:] {
+				blocked = append(blocked, q.Name)
+			}
+		case err != nil:
+			return made, fmt.Errorf("pgdedup: create partition %s of %s: %w", p.Name, s.messages.table, withDetail(err))
+		case mine:
 			made = append(made, p)
 		}
+		if len(blocked) > 0 {
+			break
+		}
+	}
+	if len(blocked) > 0 {
+		return made, s.creationStarved(ctx, st, made, blocked)
 	}
 	return made, nil
 }
 
-// createPartitionsSQL is one DO block creating partitions (ddl, from
-// createPartitionSQL) in one transaction, if this cleaner has the cleaners'
-// turn (an advisory lock, as for the plain layout's cleanup).
-func createPartitionsSQL(parent, ddl string) string {
-	return `DO $pgdedup$
-BEGIN
-    PERFORM pg_catalog.set_config('lock_timeout', '2s', true);
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(` + cleanupLockClass + `, '` + parent + `'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4) THEN
-        RETURN;
-    END IF;
-` + ddl + `END
-$pgdedup$`
+// createLockTimeout bounds creation's wait for its lock on the parent: a
+// second longer than another cleaner's detach may hold it (detachWait), so
+// that only a session holding it longer makes Cleanup starved. Claims do not
+// wait behind it (SHARE UPDATE EXCLUSIVE).
+func (s *Store) createLockTimeout() time.Duration {
+	return cmp.Or(s.waits.detach, defaultDetachWait) + time.Second
 }
 
-// createPartitionSQL creates partition name, from ≤ processed_at < to, if
-// the table has no partition of that name: a table of its own with its
-// unique index on key and its index on expires_at, then attached (SHARE
-// UPDATE EXCLUSIVE on the parent: claims go on).
+// partitionCreatedSetting is set, until the transaction that created a
+// partition ends, to say that it did.
+const partitionCreatedSetting = "pgdedup.partition_created"
+
+// createPartition creates partition p in a transaction of its own (see
+// createPartitionSQL) and reports whether this call created it (false: it
+// was there, checked). It tries again when another session created the
+// same name at the same time (duplicate errors), or on a deadlock.
+func (s *Store) createPartition(ctx context.Context, st *partitionState, p PartitionSpan) (mine bool, err error) {
+	for try := 0; ; try++ {
+		b := &pgx.Batch{}
+		b.Queue(`BEGIN`)
+		b.Queue(fmt.Sprintf(`SELECT pg_catalog.set_config('lock_timeout', '%dms', true)`, s.createLockTimeout().Milliseconds()))
+		b.Queue(createPartitionSQL(s.messages.table, st, p.Name, p.From, p.To))
+		b.Queue(`SELECT coalesce(pg_catalog.current_setting('` + partitionCreatedSetting + `', true), '') = 'true'`).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&mine)
+		})
+		b.Queue(`COMMIT`)
+		err = s.db.SendBatch(ctx, b).Close()
+		if try >= 3 || !(isCode(err, "42P07") || isCode(err, "23505") || isCode(err, "42710") || isCode(err, "40P01")) {
+			return mine && err == nil, err
+		}
+	}
+}
+
+// createPartitionSQL creates partition name, from ≤ processed_at < to, of
+// parent (quoted), unless the table has a partition of that name already,
+// which it checks (checkPartitionSQL). Otherwise each name it takes must be
+// free (refuseTakenSQL), and it creates the table, its unique index on key,
+// its index on expires_at, and attaches it (SHARE UPDATE EXCLUSIVE on the
+// parent: claims go on), in the caller's transaction. It takes that lock
+// first, so that cleaners racing for a partition take turns (only roles
+// that may change the table's rows can take it), and the cleaners'
+// advisory lock if it is free, only so that sealing does not wait for it
+// (waitLockers): whoever holds that does not hold creation up.
 func createPartitionSQL(parent string, st *partitionState, name string, from, to time.Time) string {
 	q := st.quoted(name)
 	// Citus wants the distribution column in every unique index.
-	unique := "key"
+	unique, columns := "key", []string{"key"}
 	if st.distributed != "" && st.distributed != "key" {
 		unique += ", " + pgx.Identifier{st.distributed}.Sanitize()
+		columns = append(columns, st.distributed)
 	}
+	t := `'` + parent + `'::pg_catalog.regclass::pg_catalog.oid`
 	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
-	return `    IF NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
-                   WHERE i.inhparent OPERATOR(pg_catalog.=) '` + parent + `'::pg_catalog.regclass::pg_catalog.oid
-                   AND c.relname OPERATOR(pg_catalog.=) '` + name + `'::pg_catalog.name) THEN
-        CREATE TABLE IF NOT EXISTS ` + q + ` (LIKE ` + parent + ` INCLUDING DEFAULTS);
-        CREATE UNIQUE INDEX IF NOT EXISTS ` + pgx.Identifier{name + "_key"}.Sanitize() + ` ON ` + q + ` (` + unique + `);
-        CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{name + "_exp"}.Sanitize() + ` ON ` + q + ` (expires_at);
-        ALTER TABLE ` + parent + ` ATTACH PARTITION ` + q + ` FOR VALUES FROM (` + bound(from) + `) TO (` + bound(to) + `);
-    END IF;
-`
+	lock := `LOCK TABLE ONLY ` + parent + ` IN SHARE UPDATE EXCLUSIVE MODE`
+	if st.distributed != "" {
+		// On the coordinator only, where cleaners run: Citus's LOCK TABLE
+		// locks every shard of every partition on every node (a third of a
+		// second per partition created). It checks the same privileges.
+		lock = `PERFORM pg_catalog.lock_relation_if_exists(` + quoteLiteral(parent) + `, 'SHARE UPDATE EXCLUSIVE')`
+	}
+	return `DO $pgdedup$
+DECLARE
+    r record;
+BEGIN
+    -- The lock ATTACH takes, taken first: concurrent cleaners create one
+    -- partition at a time, and the next one finds it attached. Claims take
+    -- ROW EXCLUSIVE, which it does not conflict with.
+    ` + lock + `;
+    PERFORM pg_catalog.pg_try_advisory_xact_lock(` + cleanupLockClass + `, ` + t + `::pg_catalog.int4);
+` + checkPartitionSQL(t, name, columns...) +
+		refuseTakenSQL(`(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) `+t+`)`, t, name, name+"_key", name+"_exp") + `
+    CREATE TABLE ` + q + ` (LIKE ` + parent + ` INCLUDING DEFAULTS);
+    CREATE UNIQUE INDEX ` + pgx.Identifier{name + "_key"}.Sanitize() + ` ON ` + q + ` (` + unique + `);
+    CREATE INDEX ` + pgx.Identifier{name + "_exp"}.Sanitize() + ` ON ` + q + ` (expires_at);
+    ALTER TABLE ` + parent + ` ATTACH PARTITION ` + q + ` FOR VALUES FROM (` + bound(from) + `) TO (` + bound(to) + `);
+    PERFORM pg_catalog.set_config('` + partitionCreatedSetting + `', 'true', true);
+END
+$pgdedup$`
 }
 
 // exec runs one statement and discards its rows.
@@ -314,8 +374,9 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 func (s *Store) waitLockers(ctx context.Context, d time.Duration) (open []string, err error) {
 	// A lock on the table in a mode claims take, or a claim's advisory lock on
 	// Citus (see partitionClaimLockClass); not a cleaner creating partitions
-	// (it holds the cleaners' turn), which on Citus takes long enough to hold
-	// sealing up.
+	// (it holds the cleaners' advisory lock when it is free, as a mark: see
+	// createPartitionSQL), which on Citus takes long enough to hold sealing
+	// up.
 	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
 	from := `FROM pg_catalog.pg_locks WHERE database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
 AND virtualtransaction NOT IN (SELECT virtualtransaction FROM pg_catalog.pg_locks WHERE locktype = 'advisory'

@@ -160,13 +160,18 @@ $pgdedup$`
 		return fail("validate the check", err)
 	}
 
-	// 2. The swap.
+	// 2. The swap. pgdedup_partitions is created in its transaction, or
+	// checked there (partition_trust.go), as are the names it takes.
+	tOID := `'` + table + `'::pg_catalog.regclass::pg_catalog.oid`
+	nspOID := `(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) ` + tOID + `)`
 	swap := `DO $pgdedup$
 DECLARE
     acl pg_catalog.aclitem[];
     g   record;
+    r   record;
 BEGIN
     LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE;
+` + partitionMetaSQL(s.partitionMeta, tOID) + refuseTakenSQL(nspOID, tOID, legacy) + fillKeyCheckSQL(nspOID, tOID) + `
     IF pg_catalog.clock_timestamp() >= ` + bound(at.Add(-lead/2)) + ` THEN
         RAISE EXCEPTION USING ERRCODE = 'PGD02', MESSAGE = 'too close to the switch time';
     END IF;
@@ -189,7 +194,7 @@ BEGIN
     INSERT INTO ` + s.partitionMeta + ` (parent, span, sealed) VALUES ('` + table + `'::pg_catalog.regclass, ` + spanSQL + `, ` + bound(at) + ` - ` + spanSQL + `);
 END
 $pgdedup$`
-	if err := s.moveStep(ctx, until, partitionMetaSQL(s.partitionMeta), swap); err != nil {
+	if err := s.moveStep(ctx, until, swap); err != nil {
 		if code, _ := sqlState(err); code == "PGD02" {
 			err = fmt.Errorf("the table was not locked in time (it must be %s before the switch at %s): %w", lead/2, at.UTC().Format(time.RFC3339), err)
 		}
@@ -244,15 +249,6 @@ func (s *Store) moveStep(ctx context.Context, until time.Time, sqls ...string) e
 		case <-time.After(50*time.Millisecond + rand.N(200*time.Millisecond)):
 		}
 	}
-}
-
-// partitionMetaSQL creates pgdedup_partitions (quoted meta) if missing.
-func partitionMetaSQL(meta string) string {
-	return `CREATE TABLE IF NOT EXISTS ` + meta + ` (
-    parent regclass    PRIMARY KEY,
-    span   interval    NOT NULL,
-    sealed timestamptz NOT NULL
-)`
 }
 
 // regrantSQL is PL/pgSQL granting on t (quoted) the privileges in the

@@ -40,6 +40,13 @@ import (
 // A role granted INSERT on the table later also needs SELECT on
 // pgdedup_partitions, which every claim reads.
 //
+// Setup uses no object it did not create in the same transaction. An
+// existing pgdedup_partitions, partition or claim function is used only if
+// its owner is the table's owner, the role running Setup or a superuser
+// (and pgdedup_partitions has no triggers, rules or row security, and a
+// partition a valid unique index on key). Any other object under a name
+// Setup creates makes it fail with an error naming the object and its owner.
+//
 // After Setup, [Store.Cleanup] (RunCleaner, `pgdedup cleanup`) keeps the
 // partitions: it creates them ahead of need, seals them and drops those whose
 // IDs have all expired. Run it at least every partition span.
@@ -73,11 +80,6 @@ func (s *Store) Setup(ctx context.Context) error {
 		b := &pgx.Batch{}
 		b.Queue(`BEGIN`)
 		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '5s', true)`)
-		b.Queue(`CREATE TABLE IF NOT EXISTS ` + s.partitionMeta + ` (
-    parent regclass    PRIMARY KEY,
-    span   interval    NOT NULL,
-    sealed timestamptz NOT NULL
-)`)
 		b.Queue(s.setupSQL(span))
 		b.Queue(`COMMIT`)
 		return s.db.SendBatch(ctx, b).Close()
@@ -85,8 +87,10 @@ func (s *Store) Setup(ctx context.Context) error {
 	err = send()
 	// On Citus, Setups of other tables at the same time (dropping and
 	// distributing tables in one shard group) may deadlock, and Citus then
-	// cancels one: it changed nothing, try again.
-	for try := 1; try < 5 && isCode(err, "40P01"); try++ {
+	// cancels one: it changed nothing, try again. So does a Setup of another
+	// table in the schema that created pgdedup_partitions at the same time
+	// (a duplicate name): the next try checks the one it made.
+	for try := 1; try < 5 && (isCode(err, "40P01") || isCode(err, "42P07") || isCode(err, "23505")); try++ {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -107,7 +111,7 @@ func (s *Store) Setup(ctx context.Context) error {
 	if isDistributed, err := s.distributed(ctx); err != nil {
 		return err
 	} else if isDistributed {
-		if err := s.exec(ctx, partitionFuncSQL(s.partitionFunc)); err != nil {
+		if err := s.exec(ctx, partitionFuncSQL(s.partitionFunc, s.messages.table)); err != nil {
 			return fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
 		}
 	}
@@ -150,6 +154,7 @@ func isCode(err error, code string) bool {
 func (s *Store) setupSQL(span time.Duration) string {
 	t, meta := s.messages.table, s.partitionMeta
 	spanSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, span.Microseconds())
+	nspOID := `(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) t::pg_catalog.oid)`
 	return `DO $pgdedup$
 DECLARE
     t   pg_catalog.regclass := pg_catalog.to_regclass('` + t + `');
@@ -160,11 +165,13 @@ DECLARE
     col pg_catalog.text;    -- Citus: the distribution column
     pm  pg_catalog."char";
     trg pg_catalog.bool;
+    r   record;
 BEGIN
     IF t IS NULL THEN
         RAISE EXCEPTION 'table ` + t + ` not found: run pgdedup.Migrate first';
     END IF;
-    IF (SELECT relkind FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) t::pg_catalog.oid) OPERATOR(pg_catalog.<>) 'p' THEN
+    -- Created in this transaction, or checked (partition_trust.go).
+` + partitionMetaSQL(meta, `t::pg_catalog.oid`) + `    IF (SELECT relkind FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) t::pg_catalog.oid) OPERATOR(pg_catalog.<>) 'p' THEN
         -- On Citus, the same distribution column, shards and co-location
         -- group (the business tables co-located with it).
         IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
@@ -185,7 +192,7 @@ BEGIN
         SELECT c.relacl, n.nspname, c.relname INTO acl, nsp, rel
         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
         WHERE c.oid OPERATOR(pg_catalog.=) t::pg_catalog.oid;
-        -- The same columns (00002's included) and defaults, partitioned.
+` + refuseTakenSQL(nspOID, `t::pg_catalog.oid`, "pgdedup_partitioned_new") + fillKeyCheckSQL(nspOID, `t::pg_catalog.oid`) + `        -- The same columns (00002's included) and defaults, partitioned.
         EXECUTE pg_catalog.format('CREATE TABLE %I.pgdedup_partitioned_new (LIKE %I.%I INCLUDING DEFAULTS) PARTITION BY RANGE (processed_at)',
             nsp, nsp, rel);
         -- 00003's trigger, which fills key for raw-SQL inserts, from the

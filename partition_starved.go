@@ -19,6 +19,56 @@ import (
 // of its work. A pending DETACH … FINALIZE waits for the same transactions:
 // one that holds it up for a span holds sealing up too.
 
+// Partition creation takes no turn (createPartition), so no session can
+// stop it by holding the cleaners' advisory lock. What holds it up is a
+// lock on the table that ATTACH PARTITION (SHARE UPDATE EXCLUSIVE) or
+// CREATE TABLE … LIKE waits for: a long manual VACUUM, ANALYZE or CREATE
+// INDEX CONCURRENTLY, a transaction that locked the table in a stronger
+// mode. After a second more than another cleaner's detach may hold it
+// (createLockTimeout: 6 s by default) the partition is left to the next run,
+// and the run returns ErrCleanupStarved naming the sessions, after doing the
+// rest of its work.
+// Claims fail only once the clock passes the last partition created: the
+// first run after a partition fell due reports it, with the partitions
+// ahead (partitionsAhead spans) still to go, less the time since the switch.
+
+// cleanerCreating reports whether every session holding a lock on the table
+// that creation waits for is a cleaner creating partitions: it holds the
+// cleaners' advisory lock too (createPartitionSQL takes it when free, after
+// its lock on the table, which only roles that may change the table's rows
+// can take).
+func (s *Store) cleanerCreating(ctx context.Context) bool {
+	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
+	var creating bool
+	err := s.db.QueryRow(ctx, `WITH h AS (SELECT DISTINCT l.pid FROM pg_catalog.pg_locks l
+WHERE l.locktype = 'relation' AND l.granted AND l.relation = `+oid+`
+AND l.mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid())
+SELECT count(*) > 0 AND coalesce(bool_and(EXISTS (SELECT FROM pg_catalog.pg_locks a WHERE a.pid = h.pid AND a.locktype = 'advisory'
+AND a.granted AND a.classid = `+cleanupLockClass+`::pg_catalog.oid AND a.objid = `+oid+` AND a.objsubid = 2)), false) FROM h`).Scan(&creating)
+	return err == nil && creating
+}
+
+// creationStarved returns an error wrapping ErrCleanupStarved: partitions
+// blocked could not be created for a lock; st's partitions and made (this
+// run's) say when claims would fail.
+func (s *Store) creationStarved(ctx context.Context, st *partitionState, made []PartitionSpan, blocked []string) error {
+	var until time.Time
+	for _, p := range st.parts {
+		if p.to.After(until) {
+			until = p.to
+		}
+	}
+	for _, p := range made {
+		if p.To.After(until) {
+			until = p.To
+		}
+	}
+	return fmt.Errorf("%w: creating partition(s) %s of %s waits for a lock held by %s: "+
+		"claims fail once the clock passes the last partition, at %s; end it (pg_terminate_backend) if it is stuck",
+		ErrCleanupStarved, strings.Join(blocked, ", "), s.messages.table, s.lockHolders(ctx), until.UTC().Format(time.RFC3339))
+}
+
 // sealStarved returns an error wrapping ErrCleanupStarved, naming the open
 // transactions (virtualtransaction, from waitLockers) and the prepared ones
 // on Citus's nodes (described by waitPrepared), if sealing has been due for a
@@ -35,25 +85,21 @@ func (s *Store) sealStarved(ctx context.Context, st *partitionState, open, prepa
 			"until they end, each claim inserts into one more partition per span",
 			ErrCleanupStarved, s.messages.table, st.sealed.Add(st.span).UTC().Format(time.RFC3339), strings.Join(prepared, ", "))
 	}
-	rows, _ := s.db.Query(ctx, `SELECT DISTINCT l.pid, coalesce(a.usename::text, '?'), coalesce(a.state, '?'), a.xact_start
+	// A lock on the table, or (Citus) the claims' advisory lock, which a
+	// session of any role may hold.
+	rows, _ := s.db.Query(ctx, `SELECT DISTINCT l.pid, coalesce(a.usename::text, '?'), coalesce(a.application_name, ''), coalesce(a.state, '?'), a.xact_start
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'relation' AND l.relation = '`+s.messages.table+`'::pg_catalog.regclass::pg_catalog.oid
+WHERE (l.locktype = 'relation' AND l.relation = '`+s.messages.table+`'::pg_catalog.regclass::pg_catalog.oid
+OR l.locktype = 'advisory' AND l.classid = `+partitionClaimLockClass+`::pg_catalog.oid
+AND l.objid = '`+s.messages.table+`'::pg_catalog.regclass::pg_catalog.oid AND l.objsubid = 2)
 AND l.virtualtransaction = ANY ($1::text[])
-ORDER BY 4 NULLS FIRST, 1`, open)
+ORDER BY 5 NULLS FIRST, 1`, open)
 	var described []string
 	var pid *int32
-	var role, state string
+	var role, app, state string
 	var since *time.Time
-	_, err := pgx.ForEachRow(rows, []any{&pid, &role, &state, &since}, func() error {
-		if pid == nil {
-			described = append(described, "a prepared transaction (pg_prepared_xacts)")
-			return nil
-		}
-		h := fmt.Sprintf("pid %d (role %s, %s", *pid, role, state)
-		if since != nil {
-			h += ", transaction since " + since.UTC().Format(time.RFC3339)
-		}
-		described = append(described, h+")")
+	_, err := pgx.ForEachRow(rows, []any{&pid, &role, &app, &state, &since}, func() error {
+		described = append(described, describeSession(pid, role, app, state, since))
 		return nil
 	})
 	who := strings.Join(described, ", ")
@@ -63,4 +109,18 @@ ORDER BY 4 NULLS FIRST, 1`, open)
 	return fmt.Errorf("%w: sealing the partitions of %s, due since %s, is held up by %s, which hold a lock on the table: "+
 		"until they end, each claim inserts into one more partition per span; end them (pg_terminate_backend) if they are stuck",
 		ErrCleanupStarved, s.messages.table, st.sealed.Add(st.span).UTC().Format(time.RFC3339), who)
+}
+
+// describeSession describes a session holding a lock, for ErrCleanupStarved:
+// its pid, role, application_name, state and transaction start (a nil pid:
+// a prepared transaction).
+func describeSession(pid *int32, role, app, state string, since *time.Time) string {
+	if pid == nil {
+		return "a prepared transaction (pg_prepared_xacts)"
+	}
+	h := fmt.Sprintf("pid %d (role %s, application %q, %s", *pid, role, app, state)
+	if since != nil {
+		h += ", transaction since " + since.UTC().Format(time.RFC3339)
+	}
+	return h + ")"
 }

@@ -150,8 +150,10 @@ func TestPartitionedStress(t *testing.T) {
 
 // watchClaimsBlockedByDDL samples, every 2 ms until the test ends, the
 // backends waiting for a lock on a relation of b's schema (the table, its
-// partitions, their indexes) whose statement is not the cleaners' DDL (DO,
-// ALTER, UPDATE, CREATE, DROP, COMMENT): claims. Claims of one key wait on
+// partitions, their indexes) in a mode claims take, whose statement is not
+// the cleaners' DDL (DO, ALTER, UPDATE, CREATE, DROP, COMMENT): claims. (A
+// cleaner waiting for another's SHARE UPDATE EXCLUSIVE to create a
+// partition may show another statement of its batch.) Claims of one key wait on
 // each other's transaction, never on a relation. The returned func stops it
 // and reports the samples taken and the waiting claims seen in all.
 func watchClaimsBlockedByDDL(t *testing.T, b *bundle) func() (samples, waits int) {
@@ -165,6 +167,7 @@ func watchClaimsBlockedByDDL(t *testing.T, b *bundle) func() (samples, waits int
 			err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l
 JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE NOT l.granted AND l.locktype = 'relation' AND c.relnamespace = current_schema()::regnamespace
+AND l.mode IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock')
 AND a.query !~* '^\s*(DO|ALTER|UPDATE|CREATE|DROP|COMMENT)'`).Scan(&k)
 			if err != nil {
 				return

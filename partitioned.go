@@ -239,16 +239,35 @@ func partitionFunc(table pgx.Identifier) string {
 	return pgx.Identifier{"pgdedup_partitioned_claim"}.Sanitize()
 }
 
-// partitionFuncSQL creates the claim function fn: claimed is true when the
-// ID (c, id, k) was not claimed before; ids and keys, when given, claim a
-// batch instead and it returns the new IDs.
-func partitionFuncSQL(fn string) string {
-	return `CREATE OR REPLACE FUNCTION ` + fn + `(t pg_catalog.regclass, meta pg_catalog.regclass, c pg_catalog.text,
+// partitionFuncSQL creates the claim function fn for table (quoted), in one
+// transaction with the checks of partitionFuncCheckSQL: a function of that
+// name that another role made is refused, pgdedup's own is kept if it is
+// this release's and dropped and created again if not. The function
+// returns, for each of ids (keys their keys) that was not claimed before,
+// its ID.
+func partitionFuncSQL(fn, table string) string {
+	body := partitionFuncBody()
+	create := `CREATE FUNCTION ` + fn + `(t pg_catalog.regclass, meta pg_catalog.regclass, c pg_catalog.text,
     ids pg_catalog.text[], keys pg_catalog.uuid[], exp pg_catalog.timestamptz, fp pg_catalog.bytea)
 RETURNS SETOF pg_catalog.text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
-AS $pgdedup$
+AS ` + dollarQuote(body)
+	return `DO $pgdedup$
+DECLARE
+    r    record;
+    keep pg_catalog.bool := false;
+BEGIN
+` + partitionFuncCheckSQL(fn, `'`+table+`'::pg_catalog.regclass::pg_catalog.oid`, body) + `    IF NOT keep THEN
+        EXECUTE ` + dollarQuote(create) + `;
+    END IF;
+END
+$pgdedup$`
+}
+
+// partitionFuncBody is the body of the Citus claim function.
+func partitionFuncBody() string {
+	return `
 DECLARE
     span   interval;
     sealed timestamptz;
@@ -307,5 +326,5 @@ BEGIN
         END IF;
     END LOOP;
 END
-$pgdedup$`
+`
 }

@@ -327,3 +327,34 @@ END $$`)
 		t.Fatal("the trigger's key is not pgdedup.Key's")
 	}
 }
+
+// A role with CREATE on the schema plants the key functions of migration
+// 00003 before it runs. Migrate, run by a superuser (whose CREATE OR REPLACE
+// would keep the planter as their owner), refuses them, naming the function
+// and its owner, before any trigger calls them.
+func TestMigrationRefusesPlantedKeyFunctions(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := pgdedup.NewMigrationProvider(sqlDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	role, url := db.NewRole(t)
+	pgtest.Exec(t, db.Pool, `GRANT CREATE ON SCHEMA `+db.Schema+` TO `+role)
+	attacker := pgtest.Pool(t, url, 1)
+	pgtest.Exec(t, attacker, `CREATE FUNCTION pgdedup_fill_key() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$`)
+	err = pgdedup.Migrate(ctx, sqlDB)
+	if err == nil || !strings.Contains(err.Error(), "pgdedup_fill_key") || !strings.Contains(err.Error(), role) {
+		t.Fatalf("Migrate with a planted pgdedup_fill_key: %v, want an error naming it and its owner %s", err, role)
+	}
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
+WHERE pg_get_userbyid(p.proowner) = $1`, role); n != 0 {
+		t.Fatalf("%d triggers call a function %s owns", n, role)
+	}
+}

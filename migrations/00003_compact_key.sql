@@ -32,6 +32,32 @@
 -- +goose NO TRANSACTION
 -- +goose Up
 -- +goose StatementBegin
+-- pgdedup never uses an object it did not create (docs/operations.md, threat
+-- model): a role with CREATE on this schema could have made these functions
+-- first, and CREATE OR REPLACE run by a superuser would keep that role as
+-- their owner. Refused unless the table's owner, the migrating role or a
+-- superuser owns them, before and after they are made.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT n.nspname, p.proname, pg_catalog.pg_get_userbyid(p.proowner) AS owner
+             FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+             WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+             AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['pgdedup_key', 'pgdedup_fill_key']::pg_catalog.name[])
+             AND p.proowner OPERATOR(pg_catalog.<>) (SELECT relowner FROM pg_catalog.pg_class
+                 WHERE oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('processed_messages'::pg_catalog.text)::pg_catalog.oid)
+             AND p.proowner OPERATOR(pg_catalog.<>) (SELECT oid FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+             AND NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE oid OPERATOR(pg_catalog.=) p.proowner) LOOP
+        RAISE EXCEPTION USING ERRCODE = 'PGD05', MESSAGE = pg_catalog.format(
+            'function %I.%I exists, owned by role %I, which does not own processed_messages: pgdedup never uses an object it did not create; drop it once you know who made it and why (docs/operations.md, threat model)',
+            r.nspname, r.proname, r.owner);
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgdedup_key(consumer text, message_id text) RETURNS uuid
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -61,6 +87,32 @@ BEGIN
         OPERATOR(pg_catalog.||) pg_catalog.decode('00'::pg_catalog.text, 'hex'::pg_catalog.text)
         OPERATOR(pg_catalog.||) pg_catalog.convert_to(NEW.message_id, 'UTF8'::pg_catalog.name)), 1, 16), 'hex'::pg_catalog.text)::pg_catalog.uuid;
     RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+-- pgdedup never uses an object it did not create (docs/operations.md, threat
+-- model): a role with CREATE on this schema could have made these functions
+-- first, and CREATE OR REPLACE run by a superuser would keep that role as
+-- their owner. Refused unless the table's owner, the migrating role or a
+-- superuser owns them, before and after they are made.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT n.nspname, p.proname, pg_catalog.pg_get_userbyid(p.proowner) AS owner
+             FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+             WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+             AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['pgdedup_key', 'pgdedup_fill_key']::pg_catalog.name[])
+             AND p.proowner OPERATOR(pg_catalog.<>) (SELECT relowner FROM pg_catalog.pg_class
+                 WHERE oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('processed_messages'::pg_catalog.text)::pg_catalog.oid)
+             AND p.proowner OPERATOR(pg_catalog.<>) (SELECT oid FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+             AND NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE oid OPERATOR(pg_catalog.=) p.proowner) LOOP
+        RAISE EXCEPTION USING ERRCODE = 'PGD05', MESSAGE = pg_catalog.format(
+            'function %I.%I exists, owned by role %I, which does not own processed_messages: pgdedup never uses an object it did not create; drop it once you know who made it and why (docs/operations.md, threat model)',
+            r.nspname, r.proname, r.owner);
+    END LOOP;
 END
 $$;
 -- +goose StatementEnd
