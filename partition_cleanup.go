@@ -42,10 +42,12 @@ const (
 
 // partitionWaits are a Store's sealWait and detachWait (zero: the
 // defaults), and detached, which tests set to interrupt a Cleanup between
-// a detach and its DROP TABLE: called with the partition's name.
+// a detach and its DROP TABLE: called with the partition's name. noCarry,
+// set by tests, keeps partitions with live rows instead of carrying them.
 type partitionWaits struct {
 	seal, detach time.Duration
 	detached     func(partition string)
+	noCarry      bool
 }
 
 // partitionState is the table's row in pgdedup_partitions and its
@@ -69,6 +71,7 @@ type partitionInfo struct {
 	to      time.Time
 	pending bool  // DETACH … CONCURRENTLY interrupted: FINALIZE is left
 	rows    int64 // PostgreSQL's estimate (pg_class.reltuples)
+	carried bool  // its live rows were copied to a newer partition (partition_carry.go)
 }
 
 func (st *partitionState) quoted(name string) string {
@@ -348,8 +351,9 @@ AND objid = ` + oid + ` AND objsubid = 2)`
 }
 
 // dropPartitions detaches (CONCURRENTLY) and drops the sealed partitions
-// that ended a Retention ago and whose rows have all expired, oldest first,
-// stopping at the first that still holds a live row. A partition left
+// that ended a Retention ago and whose rows have all expired, oldest first.
+// One that still holds a live row is skipped, not waited for: its live rows
+// are carried forward first, or it is kept (carryLive). A partition left
 // pending by an interrupted detach is finalized first (PostgreSQL lets one
 // partition of a table be pending detach at a time). A detach that waits
 // longer than detachWait for old transactions is cancelled and left to the
@@ -371,6 +375,13 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		// it may hold IDs imported with their times, or rows to come.
 		if p.to.After(st.sealed) || p.to.Add(s.cfg.Retention).After(st.current) {
 			break
+		}
+		if !p.pending {
+			if keep, err := s.carryLive(ctx, st, &p); err != nil {
+				return dropped, rows, err
+			} else if keep {
+				continue
+			}
 		}
 		mine, done, err := s.detachPartition(ctx, st, p)
 		if err != nil || done {
@@ -409,7 +420,7 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 		}
 	} else {
 		var live bool
-		if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
+		if err := s.db.QueryRow(ctx, liveSQL(st, s.messages.table, p)).Scan(&live); err != nil {
 			return false, true, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
 		}
 		if live {
