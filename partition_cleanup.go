@@ -3,6 +3,8 @@ package pgdedup
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -162,16 +164,38 @@ func spanNames(ps []PartitionSpan) []string {
 }
 
 // partitionName is the name of the partition starting at from: the parent's
-// name (cut to 30 bytes) and from in UTC, so that names sort by time.
+// name and from in UTC, so that names sort by time. A parent's name longer
+// than 30 bytes is cut to 21 and followed by a hash of the whole name
+// (shortPrefix), so that tables with a long common prefix do not collide and
+// the partition's index names fit PostgreSQL's 63 bytes.
 func partitionName(parent string, from time.Time) string {
-	if len(parent) > 30 {
-		parent = parent[:30]
-	}
-	name := parent + "_p" + from.UTC().Format("20060102t150405")
+	name := shortPrefix(parent) + "_p" + from.UTC().Format("20060102t150405")
 	if ms := from.Nanosecond() / int(time.Millisecond); ms != 0 || from.Nanosecond() != 0 {
 		name += fmt.Sprintf("m%03d", ms)
 	}
 	return name
+}
+
+// shortPrefix is the parent's name as partition names begin with it: the
+// name itself up to 30 bytes, else its first 21 bytes, "_" and the first 8
+// hex digits of the SHA-256 of the name (30 bytes).
+func shortPrefix(parent string) string {
+	if len(parent) <= 30 {
+		return parent
+	}
+	sum := sha256.Sum256([]byte(parent))
+	return parent[:21] + "_" + hex.EncodeToString(sum[:4])
+}
+
+// partitionNameV1 is the name releases before the hash gave the partition
+// starting at from (the parent's name cut to 30 bytes). Such partitions are
+// found through pg_inherits and work as any; only the orphan check
+// (partition_orphans.go) looks at their names.
+func partitionNameV1(parent string, from time.Time) string {
+	if len(parent) <= 30 {
+		return partitionName(parent, from)
+	}
+	return parent[:30] + strings.TrimPrefix(partitionName(parent, from), shortPrefix(parent))
 }
 
 // createPartitions creates the partitions from the current one to
