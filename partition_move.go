@@ -161,10 +161,13 @@ $pgdedup$`
 	}
 
 	// 2. The swap.
+	keep, keepApply := keepObjectsSQL(`'`+table+`'::pg_catalog.regclass::pg_catalog.oid`, table, s.partitionMeta)
 	swap := `DO $pgdedup$
 DECLARE
     acl pg_catalog.aclitem[];
     g   record;
+    kept pg_catalog.text[] := '{}';
+    stmt pg_catalog.text;
 BEGIN
     LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE;
     IF pg_catalog.clock_timestamp() >= ` + bound(at.Add(-lead/2)) + ` THEN
@@ -175,13 +178,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PGD03', MESSAGE = 'the check ` + check + ` is gone: another Setup is at work';
     END IF;
     SELECT c.relacl INTO acl FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) '` + table + `'::pg_catalog.regclass::pg_catalog.oid;
-    ALTER TABLE ` + table + ` RENAME TO ` + pgx.Identifier{legacy}.Sanitize() + `;
+` + keep + `    ALTER TABLE ` + table + ` RENAME TO ` + pgx.Identifier{legacy}.Sanitize() + `;
     CREATE TABLE ` + table + ` (LIKE ` + pgx.Identifier{nsp, legacy}.Sanitize() + ` INCLUDING DEFAULTS) PARTITION BY RANGE (processed_at);
     -- 00003's trigger, on the parent, from which ATTACH clones it.
     DROP TRIGGER IF EXISTS processed_messages_fill_key ON ` + pgx.Identifier{nsp, legacy}.Sanitize() + `;
     CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON ` + table + `
         FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION ` + pgx.Identifier{nsp, "pgdedup_fill_key"}.Sanitize() + `();
-` + regrantSQL(table, s.partitionMeta) + `
+` + regrantSQL(table, s.partitionMeta) + keepApply + `
     ALTER TABLE ` + table + ` ATTACH PARTITION ` + pgx.Identifier{nsp, legacy}.Sanitize() + `
         FOR VALUES FROM (` + bound(legacyFrom) + `) TO (` + bound(at) + `);
     ALTER TABLE ` + pgx.Identifier{nsp, legacy}.Sanitize() + ` DROP CONSTRAINT ` + pgx.Identifier{check}.Sanitize() + `;

@@ -150,6 +150,7 @@ func isCode(err error, code string) bool {
 func (s *Store) setupSQL(span time.Duration) string {
 	t, meta := s.messages.table, s.partitionMeta
 	spanSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, span.Microseconds())
+	keep, keepApply := keepObjectsSQL(`t::pg_catalog.oid`, t, meta)
 	return `DO $pgdedup$
 DECLARE
     t   pg_catalog.regclass := pg_catalog.to_regclass('` + t + `');
@@ -160,6 +161,8 @@ DECLARE
     col pg_catalog.text;    -- Citus: the distribution column
     pm  pg_catalog."char";
     trg pg_catalog.bool;
+    kept pg_catalog.text[] := '{}';
+    stmt pg_catalog.text;
 BEGIN
     IF t IS NULL THEN
         RAISE EXCEPTION 'table ` + t + ` not found: run pgdedup.Migrate first';
@@ -180,7 +183,7 @@ BEGIN
         IF EXISTS (SELECT 1 FROM ` + t + `) THEN -- (Citus refuses a SELECT without columns)
             RAISE EXCEPTION USING ERRCODE = 'PGD01', MESSAGE = 'table ` + t + ` holds rows';
         END IF;
-        trg := EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid OPERATOR(pg_catalog.=) t::pg_catalog.oid
+` + keep + `        trg := EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid OPERATOR(pg_catalog.=) t::pg_catalog.oid
                        AND tgname OPERATOR(pg_catalog.=) 'processed_messages_fill_key');
         SELECT c.relacl, n.nspname, c.relname INTO acl, nsp, rel
         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
@@ -202,7 +205,7 @@ BEGIN
         EXECUTE pg_catalog.format('DROP TABLE %I.%I', nsp, rel);
         EXECUTE pg_catalog.format('ALTER TABLE %I.pgdedup_partitioned_new RENAME TO %I', nsp, rel);
         t := pg_catalog.to_regclass('` + t + `');
-` + regrantSQL(t, meta) + `
+` + regrantSQL(t, meta) + keepApply + `
     END IF;
     DELETE FROM ` + meta + ` m WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) m.parent::pg_catalog.oid);
     INSERT INTO ` + meta + ` (parent, span, sealed)
