@@ -12,7 +12,9 @@ import (
 // [Plain] it does nothing ([Migrate] makes the plain table). With
 // [Partitioned] it replaces the empty plain table that Migrate made by a
 // table partitioned by claim time (same name, same columns, same privileges,
-// plus SELECT on pgdedup_partitions for every role that may insert), records
+// column grants, row-level security and policies, plus SELECT on
+// pgdedup_partitions for every role that may insert; a trigger of the
+// user's own is refused with an error naming it), records
 // its partition span (Retention ÷ [Config.Partitions]) in pgdedup_partitions,
 // and creates the partitions for the next spans, and one for the past
 // Retention (for IDs imported with their times: see docs/partitioning.md). Run it once
@@ -24,8 +26,11 @@ import (
 // becomes the partition of all claim times before a switch time T, at least
 // 10 minutes and one partition span ahead, logged ([Config.Logger]) and
 // shown by [Store.Stats] as that partition's end. A claim waits for the move
-// at most one lock attempt of 200 ms and the short transaction that follows. A row at or after T, or a lock not
-// taken by 5 minutes before T, leaves the table as it was, with an error.
+// at most one lock attempt of 200 ms and the short transaction that follows. A row whose
+// processed_at is at or after T (or before 2000), which only a raw INSERT
+// or an import makes, is given the move's time first (its ID stays
+// claimed). A lock not taken by 5 minutes before T leaves the table as it
+// was, with an error.
 // Stores look a plain table up again every minute and so follow the move;
 // a process running an older pgdedup release claims exactly only until T,
 // and must be stopped by then. [SetupMigration] runs Setup from goose.
