@@ -88,7 +88,7 @@ ORDER BY pg_catalog.age(y.xmin) LIMIT 1), '')`).Scan(&xid); err != nil {
 	}
 	s.log.InfoContext(ctx, "pgdedup: live rows carried to a newer partition", "partition", p.name, "to", q.name, "rows", live)
 	if xid != "" {
-		old, err := s.waitSnapshots(ctx, xid, cmp.Or(s.waits.detach, defaultDetachWait))
+		old, err := s.waitSnapshots(ctx, xid, cmp.Or(s.waits.detach, boundedWait(defaultDetachWait, st.span)))
 		if err != nil || old > 0 {
 			s.log.InfoContext(ctx, "pgdedup: drop waits for old snapshots", "partition", p.name, "open", old)
 			return true, err

@@ -312,7 +312,7 @@ func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed 
 	if !st.sealed.Before(st.current) {
 		return st.sealed, 0, nil
 	}
-	wait := cmp.Or(s.waits.seal, defaultSealWait)
+	wait := cmp.Or(s.waits.seal, boundedWait(defaultSealWait, st.span))
 	deadline := time.Now().Add(wait)
 	open, err := s.waitLockers(ctx, wait)
 	var prepared []string // Citus: see partition_prepared.go
@@ -431,7 +431,7 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 // detach cut short), which err says only if it is an error.
 func (s *Store) detachPartition(ctx context.Context, st *partitionState, p partitionInfo) (mine, done bool, err error) {
 	q := st.quoted(p.name)
-	wait := cmp.Or(s.waits.detach, defaultDetachWait)
+	wait := cmp.Or(s.waits.detach, boundedWait(defaultDetachWait, st.span))
 	detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
 	if p.pending {
 		// FINALIZE locks the partition before it waits for the transactions
