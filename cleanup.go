@@ -216,10 +216,10 @@ const MinCleanerInterval = time.Millisecond
 
 // RunCleaner runs [Store.Cleanup] about every interval until ctx is done, then returns
 // ctx.Err(); it blocks, so start it in a goroutine of its own and cancel ctx to
-// stop it. On the [Partitioned] layout it also creates the partitions ahead
-// every interval on a goroutine of its own, so that creation never waits
-// behind a run held up sealing or detaching; that goroutine has ended when
-// RunCleaner returns.
+// stop it. On the [Partitioned] layout, given a pool, it also creates the
+// partitions ahead every interval on a goroutine of its own, so that
+// creation never waits behind a run held up sealing or detaching; that
+// goroutine has ended when RunCleaner returns.
 //
 // The first run comes after a random delay of up to one interval, and each wait
 // after a run is interval ±10%, so a fleet of services started together does

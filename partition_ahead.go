@@ -3,12 +3,14 @@ package pgdedup
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Creating partitions ahead must never wait behind the rest of a cleanup.
 // Sealing waits for open transactions and a detach for old ones, each up to
 // seconds, and claims fail once the partitions created ahead run out. So
-// RunCleaner creates them on a loop of its own (createAhead), at its
+// RunCleaner on a pool creates them on a loop of its own (createAhead), at its
 // interval, beside the runs that seal and drop; and the waits of one run
 // are bounded by half a span unless a test sets them (boundedWait), so
 // that a Cleanup run alone every span also keeps up.
@@ -16,8 +18,12 @@ import (
 // createAhead starts creating the partitions ahead every interval (±10%,
 // at least every 50 ms)
 // while the table is partitioned, until ctx ends or stop is called; stop
-// waits for it to end.
+// waits for it to end. Only on a pool: a single connection cannot serve
+// two goroutines, and then each run's bounded waits alone keep up.
 func (s *Store) createAhead(ctx context.Context, interval time.Duration) (stop func()) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok {
+		return func() {}
+	}
 	interval = max(interval, MinPartitionSpan/2)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -39,7 +39,7 @@ const carryMax = 1000
 // p.carried is set, and p may be detached.
 func (s *Store) carryLive(ctx context.Context, st *partitionState, p *partitionInfo) (keep bool, err error) {
 	var live int
-	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM (SELECT FROM `+st.quoted(p.name)+` WHERE expires_at >= pg_catalog.now() LIMIT `+
+	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+st.quoted(p.name)+` WHERE expires_at >= pg_catalog.now() LIMIT `+
 		fmt.Sprint(carryMax+1)+`) x`).Scan(&live); err != nil {
 		return true, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
 	}
