@@ -220,7 +220,10 @@ const MinCleanerInterval = time.Millisecond
 
 // RunCleaner runs [Store.Cleanup] about every interval until ctx is done, then returns
 // ctx.Err(); it blocks, so start it in a goroutine of its own and cancel ctx to
-// stop it. It starts no goroutine itself.
+// stop it. On the [Partitioned] layout, given a pool, it also creates the
+// partitions ahead every interval on a goroutine of its own, so that
+// creation never waits behind a run held up sealing or detaching; that
+// goroutine has ended when RunCleaner returns.
 //
 // The first run comes after a random delay of up to one interval, and each wait
 // after a run is interval ±10%, so a fleet of services started together does
@@ -236,6 +239,7 @@ func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
 	if interval < MinCleanerInterval {
 		return fmt.Errorf("pgdedup: RunCleaner interval must be at least %s, got %s: a Duration counts nanoseconds (write time.Hour, not 3600)", MinCleanerInterval, interval)
 	}
+	defer s.createAhead(ctx, interval)() // partition_ahead.go
 	t := time.NewTimer(rand.N(interval) + 1)
 	defer t.Stop()
 	for {

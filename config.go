@@ -94,8 +94,9 @@ type Config struct {
 	// Retention: each covers Retention ÷ Partitions of claim time (at least
 	// [MinPartitionSpan]). More, smaller partitions keep the index a claim
 	// writes to smaller (less WAL), at the price of one more index probe per
-	// claim for each. Defaults to [DefaultPartitions], 12. Fixed when Setup
-	// creates the table: later Stores follow the table's span.
+	// claim for each. Defaults to [DefaultPartitions], 12, and must not
+	// exceed [MaxPartitions]: every claim locks each attached partition. Fixed
+	// when Setup creates the table: later Stores follow the table's span.
 	Partitions int
 
 	// MaxResultBytes is the longest result [Store.ProcessResult] stores; a
@@ -131,6 +132,7 @@ const (
 	DefaultMaxResultBytes = 64 << 10 // Config.MaxResultBytes
 
 	MinPartitionSpan = 100 * time.Millisecond // the shortest Retention ÷ Partitions accepted
+	MaxPartitions    = 60                     // the most Config.Partitions accepted: claims lock every partition
 
 	MinRetention   = time.Second // the shortest Config.Retention accepted
 	MaxConsumerLen = 255         // the longest Config.Consumer accepted, in bytes
@@ -194,6 +196,10 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("Layout", "is %d, neither Plain nor Partitioned", int(cfg.Layout))
 	case cfg.Partitions < 0:
 		return nil, nil, bad("Partitions", "must not be negative, got %d", cfg.Partitions)
+	case attachedPartitions(cmp.Or(cfg.Partitions, DefaultPartitions)) > maxAttachedPartitions:
+		return nil, nil, bad("Partitions", "%d is over %d: every claim locks each attached partition and its indexes (about %d locks with %d attached) "+
+			"in PostgreSQL's shared lock table (max_locks_per_transaction × max_connections); make fewer, longer partitions",
+			cmp.Or(cfg.Partitions, DefaultPartitions), MaxPartitions, claimLocks(maxAttachedPartitions), maxAttachedPartitions)
 	case cfg.Layout == Partitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
 		return nil, nil, bad("Partitions", "%d would make partitions of %s, shorter than %s", cmp.Or(cfg.Partitions, DefaultPartitions),
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)

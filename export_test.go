@@ -21,3 +21,7 @@ func SetAfterDetach(s *Store, f func(partition string)) {
 func SetMoveTimes(s *Store, lead, recheck time.Duration) {
 	s.move = moveTimes{lead: lead, recheck: recheck}
 }
+
+// SetNoCarry makes s's Cleanup keep partitions with live rows instead of
+// carrying the rows forward.
+func SetNoCarry(s *Store) { s.waits.noCarry = true }

@@ -3,9 +3,12 @@ package pgdedup
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,10 +44,12 @@ const (
 
 // partitionWaits are a Store's sealWait and detachWait (zero: the
 // defaults), and detached, which tests set to interrupt a Cleanup between
-// a detach and its DROP TABLE: called with the partition's name.
+// a detach and its DROP TABLE: called with the partition's name. noCarry,
+// set by tests, keeps partitions with live rows instead of carrying them.
 type partitionWaits struct {
 	seal, detach time.Duration
 	detached     func(partition string)
+	noCarry      bool
 }
 
 // partitionState is the table's row in pgdedup_partitions and its
@@ -68,6 +73,7 @@ type partitionInfo struct {
 	to      time.Time
 	pending bool  // DETACH … CONCURRENTLY interrupted: FINALIZE is left
 	rows    int64 // PostgreSQL's estimate (pg_class.reltuples)
+	carried bool  // its live rows were copied to a newer partition (partition_carry.go)
 }
 
 func (st *partitionState) quoted(name string) string {
@@ -166,16 +172,38 @@ func spanNames(ps []PartitionSpan) []string {
 }
 
 // partitionName is the name of the partition starting at from: the parent's
-// name (cut to 30 bytes) and from in UTC, so that names sort by time.
+// name and from in UTC, so that names sort by time. A parent's name longer
+// than 30 bytes is cut to 21 and followed by a hash of the whole name
+// (shortPrefix), so that tables with a long common prefix do not collide and
+// the partition's index names fit PostgreSQL's 63 bytes.
 func partitionName(parent string, from time.Time) string {
-	if len(parent) > 30 {
-		parent = parent[:30]
-	}
-	name := parent + "_p" + from.UTC().Format("20060102t150405")
+	name := shortPrefix(parent) + "_p" + from.UTC().Format("20060102t150405")
 	if ms := from.Nanosecond() / int(time.Millisecond); ms != 0 || from.Nanosecond() != 0 {
 		name += fmt.Sprintf("m%03d", ms)
 	}
 	return name
+}
+
+// shortPrefix is the parent's name as partition names begin with it: the
+// name itself up to 30 bytes, else its first 21 bytes, "_" and the first 8
+// hex digits of the SHA-256 of the name (30 bytes).
+func shortPrefix(parent string) string {
+	if len(parent) <= 30 {
+		return parent
+	}
+	sum := sha256.Sum256([]byte(parent))
+	return parent[:21] + "_" + hex.EncodeToString(sum[:4])
+}
+
+// partitionNameV1 is the name releases before the hash gave the partition
+// starting at from (the parent's name cut to 30 bytes). Such partitions are
+// found through pg_inherits and work as any; only the orphan check
+// (partition_orphans.go) looks at their names.
+func partitionNameV1(parent string, from time.Time) string {
+	if len(parent) <= 30 {
+		return partitionName(parent, from)
+	}
+	return parent[:30] + strings.TrimPrefix(partitionName(parent, from), shortPrefix(parent))
 }
 
 // createPartitions creates the partitions from the current one to
@@ -345,7 +373,7 @@ func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed 
 	if !st.sealed.Before(st.current) {
 		return st.sealed, 0, nil
 	}
-	wait := cmp.Or(s.waits.seal, defaultSealWait)
+	wait := cmp.Or(s.waits.seal, boundedWait(defaultSealWait, st.span))
 	deadline := time.Now().Add(wait)
 	open, err := s.waitLockers(ctx, wait)
 	var prepared []string // Citus: see partition_prepared.go
@@ -409,8 +437,9 @@ AND objid = ` + oid + ` AND objsubid = 2)`
 }
 
 // dropPartitions detaches (CONCURRENTLY) and drops the sealed partitions
-// that ended a Retention ago and whose rows have all expired, oldest first,
-// stopping at the first that still holds a live row. A partition left
+// that ended a Retention ago and whose rows have all expired, oldest first.
+// One that still holds a live row is skipped, not waited for: its live rows
+// are carried forward first, or it is kept (carryLive). A partition left
 // pending by an interrupted detach is finalized first (PostgreSQL lets one
 // partition of a table be pending detach at a time). A detach that waits
 // longer than detachWait for old transactions is cancelled and left to the
@@ -432,6 +461,13 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		// it may hold IDs imported with their times, or rows to come.
 		if p.to.After(st.sealed) || p.to.Add(s.cfg.Retention).After(st.current) {
 			break
+		}
+		if !p.pending {
+			if keep, err := s.carryLive(ctx, st, &p); err != nil {
+				return dropped, rows, err
+			} else if keep {
+				continue
+			}
 		}
 		mine, done, err := s.detachPartition(ctx, st, p)
 		if err != nil || done {
@@ -457,7 +493,7 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 // detach cut short), which err says only if it is an error.
 func (s *Store) detachPartition(ctx context.Context, st *partitionState, p partitionInfo) (mine, done bool, err error) {
 	q := st.quoted(p.name)
-	wait := cmp.Or(s.waits.detach, defaultDetachWait)
+	wait := cmp.Or(s.waits.detach, boundedWait(defaultDetachWait, st.span))
 	detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
 	if p.pending {
 		// FINALIZE locks the partition before it waits for the transactions
@@ -470,7 +506,7 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 		}
 	} else {
 		var live bool
-		if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q+` WHERE expires_at >= pg_catalog.now())`).Scan(&live); err != nil {
+		if err := s.db.QueryRow(ctx, liveSQL(st, s.messages.table, p)).Scan(&live); err != nil {
 			return false, true, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
 		}
 		if live {

@@ -376,6 +376,7 @@ func TestPartitionedDropWhileRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pgdedup.SetNoCarry(cleaner) // old's partitions stay while it lives
 	holder := newSession(t, b)
 	txH, err := holder.conn.Begin(ctx)
 	if err != nil {
@@ -587,5 +588,89 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 LIMIT 1`).Scan(&pa
 		if p.To.Sub(p.From) != 2*time.Second || pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass($1)`, p.Name) != 1 {
 			t.Errorf("created %+v: want a 2-second partition of the table", p)
 		}
+	}
+}
+
+// Two tables whose names share their first 30 bytes, in one schema: each
+// gets partitions of its own (names within PostgreSQL's 63 bytes, index
+// names too), and claims on both work. Partitions named as releases before
+// the hash named them (the name cut to 30 bytes) keep working: Cleanup
+// covers and drops them as any.
+func TestPartitionedLongTableNames(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	names := []string{"processed_messages_of_the_billing_service_eu", "processed_messages_of_the_billing_service_us"}
+	for _, name := range names {
+		mustExec(t, b.pool, `CREATE TABLE `+name+` (LIKE processed_messages INCLUDING ALL)`)
+		b.db.Distribute(t, name, pgtest.CitusColumn(), false)
+	}
+	var stores []*pgdedup.Store
+	for _, name := range names {
+		// 6-second partitions: Setup on Citus takes seconds.
+		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: name, Layout: pgdedup.Partitioned,
+			Retention: time.Minute, Partitions: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Setup(ctx); err != nil {
+			t.Fatalf("Setup of %s: %v", name, err)
+		}
+		if _, err := store.Cleanup(ctx); err != nil {
+			t.Fatalf("Cleanup of %s: %v", name, err)
+		}
+		stores = append(stores, store)
+	}
+	for i, name := range names {
+		if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, name); n < 5 {
+			t.Errorf("%s has %d partitions, want the past one, the current one and three ahead", name, n)
+		}
+		if processed, err := stores[i].Process(ctx, "m1", charge("m1")); err != nil || !processed {
+			t.Errorf("claim on %s: processed=%v err=%v", name, processed, err)
+		}
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_class WHERE relnamespace = current_schema()::regnamespace
+AND relname LIKE 'processed_messages_of_%' AND length(relname) > 63 - length('_key')`); n != 0 {
+		t.Errorf("%d relations whose names leave no room for an index suffix", n)
+	}
+	// The old names: the first table's partitions renamed as releases
+	// before the hash named them (the new prefix is 30 bytes too).
+	mustExec(t, b.pool, `DO $$ DECLARE r record; BEGIN
+FOR r IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '`+names[0]+`'::regclass LOOP
+  EXECUTE format('ALTER TABLE %I RENAME TO %I', r.relname, left('`+names[0]+`', 30) || substr(r.relname, 31));
+END LOOP; END $$`)
+	cleaner, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "cleaner", Table: names[0], Retention: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, names[0])
+	for pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass AND c.relname LIKE $2 || '\_p%'`, names[0], names[0][:30]) == past {
+		waitSwitch2(t, b.pool, names[0])
+		if _, err := cleaner.Cleanup(ctx); err != nil && !errors.Is(err, pgdedup.ErrCleanupStarved) {
+			t.Fatalf("Cleanup with partitions of the old names: %v", err)
+		}
+	}
+	if processed, err := stores[0].Process(ctx, "m1", charge("m1")); err != nil || processed {
+		t.Errorf("m1 on %s after Cleanup: processed=%v err=%v, want a duplicate", names[0], processed, err)
+	}
+	if processed, err := stores[0].Process(ctx, "m2", charge("m2")); err != nil || !processed {
+		t.Errorf("m2 on %s after Cleanup: processed=%v err=%v", names[0], processed, err)
+	}
+}
+
+// waitSwitch2 is waitSwitch for the table named table.
+func waitSwitch2(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	at := func() (now time.Time) {
+		if err := pool.QueryRow(context.Background(), `SELECT date_bin(span, clock_timestamp(), '2000-01-01 00:00:00+00')
+FROM pgdedup_partitions WHERE parent = $1::regclass`, table).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	from := at()
+	for !at().After(from) {
+		time.Sleep(20 * time.Millisecond)
 	}
 }

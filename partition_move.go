@@ -23,7 +23,8 @@ import (
 //     moveLockTimeout at a time), then VALIDATE CONSTRAINT (a scan under
 //     SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued behind
 //     it, so it waits for its lock until the deadline). Claims before T pass
-//     the check; a row outside fails the validation, and Setup gives up.
+//     the check; a row outside fails the validation, is given a processed_at
+//     inside (moveIntoRange), and the validation runs again.
 //  2. One short transaction, under the same lock_timeout: rename the old
 //     table to the legacy partition's name, create the partitioned parent
 //     under the old name as setupSQL does (columns, defaults, trigger,
@@ -150,9 +151,19 @@ $pgdedup$`
 	}
 	// SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued: it may
 	// wait until the deadline (an autovacuum of the table yields to it).
-	if err := s.moveStep(ctx, until, `SELECT pg_catalog.set_config('lock_timeout', '`+
-		fmt.Sprint(max(time.Until(until).Milliseconds(), 1))+`ms', true)`,
-		`ALTER TABLE `+table+` VALIDATE CONSTRAINT `+pgx.Identifier{check}.Sanitize()); err != nil {
+	validate := func() error {
+		return s.moveStep(ctx, until, `SELECT pg_catalog.set_config('lock_timeout', '`+
+			fmt.Sprint(max(time.Until(until).Milliseconds(), 1))+`ms', true)`,
+			`ALTER TABLE `+table+` VALIDATE CONSTRAINT `+pgx.Identifier{check}.Sanitize())
+	}
+	err = validate()
+	if isCode(err, "23514") {
+		// Rows outside the range, from before the check: moved into it.
+		if err = s.moveIntoRange(ctx, until, table, at); err == nil {
+			err = validate()
+		}
+	}
+	if err != nil {
 		if code, _ := sqlState(err); code == "23514" {
 			err = fmt.Errorf("a row's processed_at is before %s or not before the switch at %s: %w",
 				legacyFrom.Format(time.DateOnly), at.UTC().Format(time.RFC3339), err)
@@ -164,11 +175,14 @@ $pgdedup$`
 	// checked there (partition_trust.go), as are the names it takes.
 	tOID := `'` + table + `'::pg_catalog.regclass::pg_catalog.oid`
 	nspOID := `(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) ` + tOID + `)`
+	keep, keepApply := keepObjectsSQL(tOID, table, s.partitionMeta)
 	swap := `DO $pgdedup$
 DECLARE
     acl pg_catalog.aclitem[];
     g   record;
     r   record;
+    kept pg_catalog.text[] := '{}';
+    stmt pg_catalog.text;
 BEGIN
     LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE;
 ` + partitionMetaSQL(s.partitionMeta, tOID) + refuseTakenSQL(nspOID, tOID, legacy) + fillKeyCheckSQL(nspOID, tOID) + `
@@ -180,13 +194,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PGD03', MESSAGE = 'the check ` + check + ` is gone: another Setup is at work';
     END IF;
     SELECT c.relacl INTO acl FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) '` + table + `'::pg_catalog.regclass::pg_catalog.oid;
-    ALTER TABLE ` + table + ` RENAME TO ` + pgx.Identifier{legacy}.Sanitize() + `;
+` + keep + `    ALTER TABLE ` + table + ` RENAME TO ` + pgx.Identifier{legacy}.Sanitize() + `;
     CREATE TABLE ` + table + ` (LIKE ` + pgx.Identifier{nsp, legacy}.Sanitize() + ` INCLUDING DEFAULTS) PARTITION BY RANGE (processed_at);
     -- 00003's trigger, on the parent, from which ATTACH clones it.
     DROP TRIGGER IF EXISTS processed_messages_fill_key ON ` + pgx.Identifier{nsp, legacy}.Sanitize() + `;
     CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON ` + table + `
         FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION ` + pgx.Identifier{nsp, "pgdedup_fill_key"}.Sanitize() + `();
-` + regrantSQL(table, s.partitionMeta) + `
+` + regrantSQL(table, s.partitionMeta) + keepApply + `
     ALTER TABLE ` + table + ` ATTACH PARTITION ` + pgx.Identifier{nsp, legacy}.Sanitize() + `
         FOR VALUES FROM (` + bound(legacyFrom) + `) TO (` + bound(at) + `);
     ALTER TABLE ` + pgx.Identifier{nsp, legacy}.Sanitize() + ` DROP CONSTRAINT ` + pgx.Identifier{check}.Sanitize() + `;
@@ -203,6 +217,25 @@ $pgdedup$`
 	s.log.InfoContext(ctx, "pgdedup: moved the table to the partitioned layout: claims with the plain statement (releases before this one) must end by the switch",
 		"table", s.messages.table, "legacy_partition", legacy, "switch", at.UTC())
 	return at, nil
+}
+
+// moveIntoRange gives the rows of the plain table whose processed_at is
+// outside the legacy partition's range (before legacyFrom, or at or after
+// the switch at; only a raw INSERT or an import makes them, and any role
+// with INSERT may) a processed_at inside it: legacyFrom, or the database's
+// clock, which is before at. Their IDs stay claimed, and such a row can no
+// longer hold the move off. The move's check, already in force, keeps new
+// ones out. Claims wait for no lock of this UPDATE (ROW EXCLUSIVE).
+func (s *Store) moveIntoRange(ctx context.Context, until time.Time, table string, at time.Time) error {
+	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'::pg_catalog.timestamptz` }
+	err := s.moveStep(ctx, until, `UPDATE `+table+`
+SET processed_at = LEAST(GREATEST(processed_at, `+bound(legacyFrom)+`), pg_catalog.clock_timestamp())
+WHERE processed_at < `+bound(legacyFrom)+` OR processed_at >= `+bound(at))
+	if err == nil {
+		s.log.WarnContext(ctx, "pgdedup: rows with a processed_at outside the legacy partition's range were given the move's time",
+			"table", s.messages.table, "switch", at.UTC())
+	}
+	return err
 }
 
 // legacyFrom is partitionOrigin: the legacy partition's lower bound.

@@ -328,9 +328,11 @@ WHERE datname = current_database() AND state = 'active' AND wait_event_type = 'L
 		"failed deliveries (delivered again): %v", len(delivered), claimsSeen, longest, before, lockWait, failures)
 }
 
-// Setup refuses a table holding a row at or after T (here an ID imported
-// with a time a day ahead): nothing changes, and the table takes claims.
-func TestMoveRefusesRowsAfterSwitch(t *testing.T) {
+// A row at or after T (here an ID imported with a time a day ahead, as any
+// role with INSERT could) or before 2000 does not stop the move: Setup
+// moves its processed_at to the move's time, and the table moves. The IDs
+// stay duplicates.
+func TestMoveRowsOutsideTheLegacyRange(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
@@ -338,13 +340,22 @@ func TestMoveRefusesRowsAfterSwitch(t *testing.T) {
 		return
 	}
 	populate(t, b, b.store, 5)
-	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
-VALUES ('billing', 'ahead', now() + interval '1 day', now() + interval '2 days')`)
-	err := part.Setup(ctxT(t))
-	if err == nil || !strings.Contains(err.Error(), "not before the switch") {
-		t.Fatalf("Setup with a row after the switch: %v, want a refusal naming the switch", err)
+	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at) VALUES
+('billing', 'ahead', now() + interval '1 day', now() + interval '2 days'),
+('billing', 'far-ahead', 'infinity', 'infinity'),
+('billing', 'ancient', '1990-01-01', now() + interval '1 day')`)
+	ctx := ctxT(t)
+	if err := part.Setup(ctx); err != nil {
+		t.Fatalf("Setup with rows outside the legacy partition's range: %v", err)
 	}
-	assertStillPlain(t, b)
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_class WHERE oid = 'processed_messages'::regclass AND relkind = 'p'`); n != 1 {
+		t.Fatal("processed_messages is not partitioned after Setup")
+	}
+	for id, want := range map[string]bool{"ahead": false, "far-ahead": false, "ancient": false, "pre-0": false, "new": true} {
+		if processed, err := part.Process(ctx, id, charge("billing/"+id)); err != nil || processed != want {
+			t.Errorf("Process %s after the move: processed=%v err=%v, want %v", id, processed, err, want)
+		}
+	}
 }
 
 // assertStillPlain checks that a failed move left the plain table as it

@@ -70,7 +70,7 @@ ORDER BY 1`)
 		f, t, _ := strings.Cut(bounds, " to ")
 		from, err1 := time.Parse(time.RFC3339Nano, f)
 		to, err2 := time.Parse(time.RFC3339Nano, t)
-		if err1 != nil || err2 != nil || o.mark != detachMark(st.name, from, to) || o.p.name != partitionName(st.name, from) {
+		if err1 != nil || err2 != nil || o.mark != detachMark(st.name, from, to) || o.p.name != partitionName(st.name, from) && o.p.name != partitionNameV1(st.name, from) {
 			continue // not pgdedup's mark for this table
 		}
 		o.p.from, o.p.to = from, to

@@ -12,7 +12,9 @@ import (
 // [Plain] it does nothing ([Migrate] makes the plain table). With
 // [Partitioned] it replaces the empty plain table that Migrate made by a
 // table partitioned by claim time (same name, same columns, same privileges,
-// plus SELECT on pgdedup_partitions for every role that may insert), records
+// column grants, row-level security and policies, plus SELECT on
+// pgdedup_partitions for every role that may insert; a trigger of the
+// user's own is refused with an error naming it), records
 // its partition span (Retention ÷ [Config.Partitions]) in pgdedup_partitions,
 // and creates the partitions for the next spans, and one for the past
 // Retention (for IDs imported with their times: see docs/partitioning.md). Run it once
@@ -24,8 +26,11 @@ import (
 // becomes the partition of all claim times before a switch time T, at least
 // 10 minutes and one partition span ahead, logged ([Config.Logger]) and
 // shown by [Store.Stats] as that partition's end. A claim waits for the move
-// at most one lock attempt of 200 ms and the short transaction that follows. A row at or after T, or a lock not
-// taken by 5 minutes before T, leaves the table as it was, with an error.
+// at most one lock attempt of 200 ms and the short transaction that follows. A row whose
+// processed_at is at or after T (or before 2000), which only a raw INSERT
+// or an import makes, is given the move's time first (its ID stays
+// claimed). A lock not taken by 5 minutes before T leaves the table as it
+// was, with an error.
 // Stores look a plain table up again every minute and so follow the move;
 // a process running an older pgdedup release claims exactly only until T,
 // and must be stopped by then. [SetupMigration] runs Setup from goose.
@@ -155,6 +160,7 @@ func (s *Store) setupSQL(span time.Duration) string {
 	t, meta := s.messages.table, s.partitionMeta
 	spanSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, span.Microseconds())
 	nspOID := `(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) t::pg_catalog.oid)`
+	keep, keepApply := keepObjectsSQL(`t::pg_catalog.oid`, t, meta)
 	return `DO $pgdedup$
 DECLARE
     t   pg_catalog.regclass := pg_catalog.to_regclass('` + t + `');
@@ -166,6 +172,8 @@ DECLARE
     pm  pg_catalog."char";
     trg pg_catalog.bool;
     r   record;
+    kept pg_catalog.text[] := '{}';
+    stmt pg_catalog.text;
 BEGIN
     IF t IS NULL THEN
         RAISE EXCEPTION 'table ` + t + ` not found: run pgdedup.Migrate first';
@@ -187,7 +195,7 @@ BEGIN
         IF EXISTS (SELECT 1 FROM ` + t + `) THEN -- (Citus refuses a SELECT without columns)
             RAISE EXCEPTION USING ERRCODE = 'PGD01', MESSAGE = 'table ` + t + ` holds rows';
         END IF;
-        trg := EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid OPERATOR(pg_catalog.=) t::pg_catalog.oid
+` + keep + `        trg := EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid OPERATOR(pg_catalog.=) t::pg_catalog.oid
                        AND tgname OPERATOR(pg_catalog.=) 'processed_messages_fill_key');
         SELECT c.relacl, n.nspname, c.relname INTO acl, nsp, rel
         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
@@ -209,7 +217,7 @@ BEGIN
         EXECUTE pg_catalog.format('DROP TABLE %I.%I', nsp, rel);
         EXECUTE pg_catalog.format('ALTER TABLE %I.pgdedup_partitioned_new RENAME TO %I', nsp, rel);
         t := pg_catalog.to_regclass('` + t + `');
-` + regrantSQL(t, meta) + `
+` + regrantSQL(t, meta) + keepApply + `
     END IF;
     DELETE FROM ` + meta + ` m WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) m.parent::pg_catalog.oid);
     INSERT INTO ` + meta + ` (parent, span, sealed)

@@ -33,8 +33,12 @@ func TestSetupCommandMovesPopulatedTable(t *testing.T) {
 
 func TestSetupCommandRefusesTinySpans(t *testing.T) {
 	t.Parallel()
-	r := run(t, "setup", "--retention", "1s", "--partitions", "100", "--database-url", "postgres://nowhere.invalid/x")
-	if r.code != 2 || !strings.Contains(r.stderr, "Partitions") {
-		t.Fatalf("setup with 10 ms partitions: %s, want a usage error", r)
+	r := run(t, "setup", "--retention", "1s", "--partitions", "20", "--database-url", "postgres://nowhere.invalid/x")
+	if r.code != 2 || !strings.Contains(r.stderr, "Partitions") || !strings.Contains(r.stderr, "shorter than") {
+		t.Fatalf("setup with 50 ms partitions: %s, want a usage error", r)
+	}
+	r = run(t, "setup", "--retention", "336h", "--partitions", "336", "--database-url", "postgres://nowhere.invalid/x")
+	if r.code != 2 || !strings.Contains(r.stderr, "Partitions") || !strings.Contains(r.stderr, "locks") {
+		t.Fatalf("setup with 336 partitions: %s, want a usage error naming the lock cost", r)
 	}
 }
