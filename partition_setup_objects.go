@@ -35,9 +35,9 @@ func keepObjectsSQL(src, target, meta string) (collect, apply string) {
         kept := kept OPERATOR(pg_catalog.||) 'ALTER TABLE ` + target + ` FORCE ROW LEVEL SECURITY'::pg_catalog.text;
     END IF;
     FOR g IN SELECT p.polname, p.polpermissive, p.polcmd,
-             (SELECT pg_catalog.string_agg(CASE WHEN r OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
-                     ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r)::pg_catalog.text) END, ', ')
-              FROM pg_catalog.unnest(p.polroles) r) AS roles,
+             (SELECT pg_catalog.string_agg(CASE WHEN rr.oid OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                     ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(rr.oid)::pg_catalog.text) END, ', ')
+              FROM pg_catalog.unnest(p.polroles) rr(oid)) AS roles,
              pg_catalog.pg_get_expr(p.polqual, p.polrelid) AS qual, pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid) AS chk
              FROM pg_catalog.pg_policy p WHERE p.polrelid OPERATOR(pg_catalog.=) ` + src + ` ORDER BY p.polname LOOP
         kept := kept OPERATOR(pg_catalog.||) pg_catalog.format('CREATE POLICY %I ON ` + target + ` AS %s FOR %s TO %s%s%s', g.polname,
