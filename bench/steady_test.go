@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
