@@ -397,6 +397,28 @@ func (l *soakLoad) latBetween(from, to time.Duration) []time.Duration {
 	return lats
 }
 
+// latPhases returns the p99 of the latencies that ended in [from, to), by
+// phase of a cycle that starts at from: phases equal parts of cycle. A
+// checkpoint starting at from (and every cycle after it) writes its
+// full-page images early in the cycle, so a spike there shows in the first
+// phase instead of hiding in the window's p99.
+func (l *soakLoad) latPhases(from, to, cycle time.Duration, phases int) []time.Duration {
+	l.mu.Lock()
+	by := make([][]time.Duration, phases)
+	for i, at := range l.latAt {
+		if at >= from && at < to {
+			k := int((at - from) % cycle * time.Duration(phases) / cycle)
+			by[k] = append(by[k], l.lat[i])
+		}
+	}
+	l.mu.Unlock()
+	out := make([]time.Duration, phases)
+	for k, lats := range by {
+		out[k] = p99(lats)
+	}
+	return out
+}
+
 func p99(lats []time.Duration) time.Duration {
 	if len(lats) == 0 {
 		return 0

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,6 +70,33 @@ func (r steadyResult) markdown() string {
 	}
 	p("| steady ÷ empty | | **%s** | | %s | **%s** | **%s** | |\n\n",
 		ratio(f.walPerMsg(), e.walPerMsg()), ratio(float64(f.p50), float64(e.p50)), ratio(float64(f.p99), float64(e.p99)), fmt.Sprintf("%.2f×", r.tputRatio))
+
+	p("p99 by quarter of the checkpoint cycle (the window starts with a `CHECKPOINT`; each cycle's first quarter " +
+		"writes most full-page images), so that a spike cannot hide in the window's p99:\n\n")
+	p("| table |")
+	for k := range steadyPhases {
+		p(" %d/%d |", k+1, steadyPhases)
+	}
+	p(" worst ÷ window p99 |\n|---|%s--:|\n", strings.Repeat("--:|", steadyPhases))
+	for _, t := range []steadyRun{e, f} {
+		label := "empty"
+		if t.preloaded > 0 {
+			label = "steady state"
+		}
+		p("| %s |", label)
+		for _, d := range t.p99Phase {
+			p(" %s ms |", ms(d))
+		}
+		p(" %s |\n", ratio(float64(slices.Max(append([]time.Duration{0}, t.p99Phase...))), float64(t.p99)))
+	}
+	if len(e.p99Phase) == steadyPhases && len(f.p99Phase) == steadyPhases {
+		p("| steady ÷ empty |")
+		for k := range steadyPhases {
+			p(" %s |", ratio(float64(f.p99Phase[k]), float64(e.p99Phase[k])))
+		}
+		p(" |\n")
+	}
+	p("\n")
 
 	p("| detail | empty | steady state |\n|---|--:|--:|\n")
 	row := func(name string, fn func(steadyRun) string) { p("| %s | %s | %s |\n", name, fn(e), fn(f)) }
