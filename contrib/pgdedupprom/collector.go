@@ -73,7 +73,7 @@ type Collector struct {
 	opts  Options
 
 	up, rows, expired, oldest, nextExpiry, tableBytes, indexBytes *prometheus.Desc
-	indexSize, deadTuples, lastVacuum, lastAutovacuum             *prometheus.Desc
+	indexSize, deadTuples, lastVacuum, lastAutovacuum, runway     *prometheus.Desc
 
 	mu     sync.Mutex // held during a read, so concurrent scrapes wait for it
 	last   pgdedup.Stats
@@ -108,13 +108,15 @@ func NewCollector(store *pgdedup.Store, opts Options) *Collector {
 		deadTuples:     desc("dead_tuples", "Rows deleted from the dedup table and not yet reclaimed by vacuum (pg_stat_user_tables.n_dead_tup, an estimate)."),
 		lastVacuum:     desc("last_vacuum_timestamp_seconds", "When the dedup table was last vacuumed by hand, Unix time."),
 		lastAutovacuum: desc("last_autovacuum_timestamp_seconds", "When autovacuum last vacuumed the dedup table, Unix time."),
+		runway: desc("partition_runway_seconds", "Partitioned layout: seconds until claims find no partition, "+
+			"from now to the end of the last partition Cleanup created. It falls when the cleaner stops."),
 	}
 }
 
 // Describe sends the descriptors of every metric the Collector can send.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.rows, c.expired, c.oldest, c.nextExpiry, c.tableBytes, c.indexBytes,
-		c.indexSize, c.deadTuples, c.lastVacuum, c.lastAutovacuum} {
+		c.indexSize, c.deadTuples, c.lastVacuum, c.lastAutovacuum, c.runway} {
 		ch <- d
 	}
 }
@@ -136,6 +138,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if cs.NextExpiry != nil {
 			ch <- prometheus.MustNewConstMetric(c.nextExpiry, prometheus.GaugeValue, unix(*cs.NextExpiry), cs.Consumer)
 		}
+	}
+	if len(st.Partitions) > 0 {
+		// From now, not from the read's time: a reused read stays right.
+		end := st.Partitions[0].To
+		for _, p := range st.Partitions {
+			if p.To.After(end) {
+				end = p.To
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.runway, prometheus.GaugeValue, time.Until(end).Seconds())
 	}
 	ch <- prometheus.MustNewConstMetric(c.tableBytes, prometheus.GaugeValue, float64(st.TableBytes))
 	ch <- prometheus.MustNewConstMetric(c.indexBytes, prometheus.GaugeValue, float64(st.IndexBytes))

@@ -278,3 +278,36 @@ func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
 	}
 	return out
 }
+
+// On the partitioned layout the runway is the time until claims would find
+// no partition: a few spans ahead after Setup, and it falls while no cleaner
+// runs.
+func TestCollectorExportsTheRunway(t *testing.T) {
+	t.Parallel()
+	db := pgdeduptest.New(t)
+	ctx := context.Background()
+	span := 2 * time.Second
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Retention: 12 * span, Layout: pgdedup.Partitioned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := pgdedupprom.NewCollector(store, pgdedupprom.Options{MaxAge: -1})
+	first, ok := gather(t, c)["pgdedup_partition_runway_seconds"]
+	if !ok || first <= span.Seconds() || first > 10*span.Seconds() {
+		t.Fatalf("runway after Setup = %v (exported: %v), want more than one span of %s and less than ten", first, ok, span)
+	}
+	time.Sleep(span)
+	if later := gather(t, c)["pgdedup_partition_runway_seconds"]; later >= first {
+		t.Errorf("runway %v a span later without a cleaner, want less than %v", later, first)
+	}
+	plain, err := pgdedup.New(pgdeduptest.New(t).Pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := gather(t, pgdedupprom.NewCollector(plain, pgdedupprom.Options{MaxAge: -1}))["pgdedup_partition_runway_seconds"]; ok {
+		t.Error("a plain table exports a runway")
+	}
+}
