@@ -664,7 +664,22 @@ FROM pg_catalog.to_regclass($1::text) r`
 		ps.Rows = counts[p.oid]
 		stats.Partitions = append(stats.Partitions, ps)
 	}
+	stats.PartitionRunway = ptr(runwayLeft(stats.Partitions, stats.Now))
 	return nil
+}
+
+// runwayLeft is how long after now claims find a partition if no cleanup
+// runs: to the end of the unbroken run of attached partitions that holds
+// now (a partition being detached takes no claims). Zero when none holds it.
+func runwayLeft(parts []PartitionStats, now time.Time) time.Duration {
+	at := now
+	for {
+		i := slices.IndexFunc(parts, func(p PartitionStats) bool { return !p.Detaching && !at.Before(p.From) && at.Before(p.To) })
+		if i < 0 {
+			return at.Sub(now)
+		}
+		at = parts[i].To
+	}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -43,6 +43,10 @@ type Stats struct {
 	PartitionSpan time.Duration    `json:"partition_span,omitempty"`
 	SealedBefore  *time.Time       `json:"sealed_before,omitempty"`
 	Partitions    []PartitionStats `json:"partitions,omitempty"`
+	// PartitionRunway is how long after Now claims find a partition if no
+	// [Store.Cleanup] runs (nil on the plain layout). Cleanup keeps it
+	// between 3 and 4 spans. In JSON, nanoseconds.
+	PartitionRunway *time.Duration `json:"partition_runway,omitempty"`
 
 	// Consumers has one entry per consumer with rows, ordered by name; it is
 	// empty, not nil, for an empty table.

@@ -139,15 +139,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.nextExpiry, prometheus.GaugeValue, unix(*cs.NextExpiry), cs.Consumer)
 		}
 	}
-	if len(st.Partitions) > 0 {
+	if st.PartitionRunway != nil {
 		// From now, not from the read's time: a reused read stays right.
-		end := st.Partitions[0].To
-		for _, p := range st.Partitions {
-			if p.To.After(end) {
-				end = p.To
-			}
-		}
-		ch <- prometheus.MustNewConstMetric(c.runway, prometheus.GaugeValue, time.Until(end).Seconds())
+		end := st.Now.Add(*st.PartitionRunway)
+		ch <- prometheus.MustNewConstMetric(c.runway, prometheus.GaugeValue, max(time.Until(end), 0).Seconds())
 	}
 	ch <- prometheus.MustNewConstMetric(c.tableBytes, prometheus.GaugeValue, float64(st.TableBytes))
 	ch <- prometheus.MustNewConstMetric(c.indexBytes, prometheus.GaugeValue, float64(st.IndexBytes))

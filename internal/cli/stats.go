@@ -24,7 +24,8 @@ and not yet vacuumed) and when it was last vacuumed and autovacuumed; then, per
 consumer: the rows held, the oldest processed_at, the rows already expired
 (deleted by the next cleanup), and the next expiry among the rest; then each
 index and its size, or on a partitioned table each partition with its span,
-rows, size and state. It reads the whole table: on tens of millions of rows,
+rows, size and state, and the runway: how long claims find a partition if no
+cleanup runs (partition_runway in --json, in nanoseconds). It reads the whole table: on tens of millions of rows,
 expect it to take seconds.
 
 It shows the --max-consumers consumers with the most rows, and says how many
@@ -219,6 +220,10 @@ func printPartitions(w io.Writer, st stats) {
 			p.Rows, bytes(p.Bytes), state)
 	}
 	tw.Flush()
+	if st.PartitionRunway != nil {
+		fmt.Fprintf(w, "runway %s: without a cleanup, claims find a partition until %s\n", roughly(*st.PartitionRunway),
+			st.Now.Add(*st.PartitionRunway).Format(time.RFC3339))
+	}
 }
 
 // when formats t as RFC 3339 and how long before now, or "never".

@@ -233,6 +233,7 @@ func TestStatsCommandPartitioned(t *testing.T) {
 	var st struct {
 		Now        time.Time                `json:"now"`
 		Partitions []pgdedup.PartitionStats `json:"partitions"`
+		Runway     time.Duration            `json:"partition_runway"`
 	}
 	var text result
 	// Both outputs in one 5-minute partition (again if one began between).
@@ -266,5 +267,13 @@ func TestStatsCommandPartitioned(t *testing.T) {
 	}
 	if states["sealed"] == 0 || states["current"] != 1 || states["ahead"] < 3 {
 		t.Errorf("partition states %v, want the past one sealed, one current, 3 ahead", states)
+	}
+	// The runway: to the end of the last partition ahead, 3 to 4 spans.
+	last := st.Partitions[len(st.Partitions)-1].To
+	if want := last.Sub(st.Now); st.Runway != want || st.Runway <= 15*time.Minute || st.Runway > 20*time.Minute {
+		t.Errorf("partition_runway %s, want %s (to %s), between 3 and 4 spans", st.Runway, want, last)
+	}
+	if !regexp.MustCompile(`\nrunway \S+: without a cleanup, claims find a partition until \S+\n`).MatchString(text.stdout) {
+		t.Errorf("stats: no runway line in\n%s", text.stdout)
 	}
 }
