@@ -166,9 +166,11 @@ func (e *fnError) Unwrap() error { return e.err }
 // fromFn returns err, returned by fn, with the verdict of whether tx, pgdedup's
 // own transaction, failed. tx failed when its connection is closed (pgx
 // closes it when the connection fails), or when tx is aborted on the server
-// (transaction status 'E') and err carries the serialization failure or
-// deadlock a pgx statement got (a *pgconn.PgError with 40001 or 40P01), or an
-// error l's placement knows a new transaction cures. Anything else, whatever
+// (transaction status 'E') and err carries the failure the server reported
+// to a pgx statement of tx: a *pgconn.PgError with a SQLSTATE IsTransient
+// retries (40001, 40P01, or a connection exception such as a Citus worker
+// lost under the statement, 08006), or an error l's placement knows a new
+// transaction cures. Anything else, whatever
 // its type or SQLSTATE, did not come from tx: another connection's error, an
 // HTTP call's, a decoder's. It is returned after one attempt and not called
 // transient. Cancellation is left as it is.
@@ -191,7 +193,7 @@ func fromFn(tx pgx.Tx, l *layouts, err error) error {
 		return &fnError{err: err, transient: true}
 	}
 	var pgErr *pgconn.PgError
-	aborted := errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+	aborted := errors.As(err, &pgErr) && transientSQLState(pgErr.Code)
 	return &fnError{err: err, transient: aborted}
 }
 
