@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // Action is what a consumer does with a message after a call of [Store.Process]
@@ -108,8 +110,5 @@ func retryableSQLState(err error) bool {
 // curableError marks an error of pgdedup's own claim that a later attempt
 // cures once something outside the message changes: the table has no
 // partition for the claim's time until a cleaner creates it. [ActionFor]
-// answers [ActionRequeue] for it. Its message is the error's own.
-type curableError struct{ err error }
-
-func (e *curableError) Error() string { return e.err.Error() }
-func (e *curableError) Unwrap() error { return e.err }
+// answers [ActionRequeue] for it.
+type curableError = shape.CurableError

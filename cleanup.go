@@ -7,8 +7,8 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/pgdedup/pgdedup/internal/shape"
+	"github.com/pgdedup/pgdedup/internal/shape/plain"
 )
 
 // Cleanup deletes the expired rows (expires_at passed) of every consumer in
@@ -73,21 +73,21 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 		return 0, err // it names the table
 	}
 	giveUp := time.Now().Add(s.cfg.CleanupTurnWait)
-	var first *turnSighting // the turn as seen by this run's first try
+	var first *plain.Sighting // the turn as seen by this run's first try
 	for {
-		deleted, skipped, err := ls.messages.cleanup(ctx, s, &e)
+		deleted, skipped, err := ls.messages.cleanup(ctx, &e)
 		if err != nil || !skipped {
 			if err == nil {
-				s.turn.reset()
+				s.turn.Reset()
 			}
 			return deleted, err
 		}
-		seen := s.sightTurn(ctx)
+		seen := plain.SightTurn(ctx, s.db, s.messages.table)
 		if first == nil {
 			first = &seen
 		}
 		if !time.Now().Before(giveUp) {
-			return 0, s.turn.skipped(first, seen, s.cfg.CleanupTurnWait > 0)
+			return 0, s.turn.Skipped(first, seen, s.cfg.CleanupTurnWait > 0)
 		}
 		t := time.NewTimer(min(time.Until(giveUp), jitter(100*time.Millisecond)))
 		select {
@@ -98,106 +98,6 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 		}
 	}
 }
-
-// cleanupPlain is Cleanup on one PostgreSQL server: batches of rows picked in
-// expires_at order and deleted by ctid, with turns taken as cleanupSQL says.
-func (s *Store) cleanupPlain(ctx context.Context) (deleted int64, skipped bool, err error) {
-	turnSQL, deleteSQL := s.cleanupSQL()
-	batch := int64(s.cfg.CleanupBatchSize)
-	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	for first := true; ; first = false {
-		if err := ctx.Err(); err != nil {
-			return deleted, false, err
-		}
-		t0 := time.Now()
-		turn, n, err := s.cleanupBatch(ctx, turnSQL, deleteSQL, batch, &from)
-		if err != nil {
-			if ctxErr := ctx.Err(); ctxErr != nil {
-				return deleted, false, ctxErr
-			}
-			return deleted, false, fmt.Errorf("pgdedup: cleanup of %s: %w", s.messages.table, withDetail(err))
-		}
-		deleted += n
-		s.log.DebugContext(ctx, "pgdedup: cleanup batch", "deleted", n, "turn", turn, "duration", time.Since(t0))
-		// Without the turn, another cleaner holds it: it was given the turn
-		// after this one's last batch committed, so it sees everything this one
-		// deleted and goes on until its own batch comes back short. With the
-		// turn, a short batch means nothing expired is left from *from on, as
-		// of a snapshot taken after the turn was held.
-		if !turn || n < batch {
-			return deleted, first && !turn, nil
-		}
-	}
-}
-
-// cleanupBatch sends one batch's two statements (see cleanupSQL) in one round
-// trip and one implicit transaction. It reports whether this cleaner had the
-// turn and how many rows it deleted, and moves *from to where the next batch
-// starts.
-func (s *Store) cleanupBatch(ctx context.Context, turnSQL, deleteSQL string, batch int64, from *pgtype.Timestamptz) (turn bool, n int64, err error) {
-	b := &pgx.Batch{}
-	b.Queue(turnSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&turn) })
-	b.Queue(deleteSQL, batch, *from).QueryRow(func(row pgx.Row) error { return row.Scan(&n, from) })
-	return turn, n, s.db.SendBatch(ctx, b).Close()
-}
-
-// cleanupSQL returns the two statements of a batch, sent together as one pgx
-// batch: one round trip, and one implicit transaction (no BEGIN, nothing left
-// in the session; the same with pgx's simple protocol, where they go as one
-// multi-statement query).
-//
-// The first takes this batch's turn: concurrent cleaners take turns through a
-// transaction-scoped advisory lock (keyed by the table's OID), tried once per
-// batch and kept, with the answer, until the transaction ends. A batch that
-// does not get it deletes nothing, and its Cleanup leaves the rest to the
-// cleaner at work. So cleaners never wait for each other, the lock ends with
-// each batch's transaction (PgBouncer-safe), and, unlike FOR UPDATE SKIP
-// LOCKED, no UPDATE privilege is needed: SELECT and DELETE are enough. Claims
-// never wait on a cleaner except for an expired ID redelivered while its row
-// is being deleted, and a cleaner never waits on a claim (ON CONFLICT DO
-// NOTHING locks nothing).
-//
-// The turn is taken in a statement of its own, before the DELETE, because in
-// READ COMMITTED each statement takes its snapshot when it starts: a DELETE
-// that tried the lock itself would pick its rows from a snapshot older than
-// its turn, could miss the last batch committed by the cleaner before it,
-// delete less than a batch, and end its run while that cleaner, finding the
-// turn taken, ended its own: both gone, expired rows left. Here the DELETE's
-// snapshot is taken with the turn held, so it sees every batch committed
-// before.
-//
-// The second deletes the oldest expired rows from expires_at $2 on, if the
-// turn was taken (a constant condition: without the turn no index is read).
-// It returns how many it deleted and the latest expires_at among them, where
-// the next batch starts, so that no batch walks again over the index entries
-// of the rows deleted before it: until vacuum removes them (and it cannot
-// while any older transaction is open) every scan from the start of the index
-// would visit them all, and a long Cleanup would slow down batch after batch.
-// The rows are found through the expires_at index and deleted by ctid (a TID
-// scan, no second index lookup); the DELETE checks expires_at again.
-func (s *Store) cleanupSQL() (turn, del string) {
-	t := s.messages.table
-	turn = `SELECT set_config('` + cleanupTurnSetting + `', pg_try_advisory_xact_lock(` +
-		cleanupLockClass + `, '` + t + `'::regclass::oid::int4)::text, true)::boolean`
-	del = `WITH deleted AS (
-DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
-SELECT ctid FROM ` + t + ` WHERE current_setting('` + cleanupTurnSetting + `', true) = 'true'
-AND expires_at < now() AND expires_at >= $2
-ORDER BY expires_at LIMIT $1))
-AND expires_at < now()
-RETURNING expires_at)
-SELECT count(*), coalesce(max(expires_at), $2) FROM deleted`
-	return turn, del
-}
-
-// cleanupLockClass is the first half of the cleaners' advisory lock key ("pgdd"
-// in ASCII); the second is the table's OID, so cleaners of different tables, or
-// of same-named tables in different schemas, never take turns.
-const cleanupLockClass = "1885824100"
-
-// cleanupTurnSetting holds, until a batch's transaction ends (set_config's
-// is_local), whether that batch got the turn.
-const cleanupTurnSetting = "pgdedup.cleanup_turn"
 
 // cleanupDone logs and reports one Cleanup run. A run stopped by its context
 // (a service shutting down) is not a failure worth a warning.
@@ -239,7 +139,7 @@ func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
 	if interval < MinCleanerInterval {
 		return fmt.Errorf("pgdedup: RunCleaner interval must be at least %s, got %s: a Duration counts nanoseconds (write time.Hour, not 3600)", MinCleanerInterval, interval)
 	}
-	defer s.createAhead(ctx, interval)() // partition_ahead.go
+	defer s.createAhead(ctx, interval)() // layout.go
 	t := time.NewTimer(rand.N(interval) + 1)
 	defer t.Stop()
 	for {
@@ -254,10 +154,4 @@ func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
 }
 
 // jitter returns d ±10%, uniformly.
-func jitter(d time.Duration) time.Duration {
-	spread := d / 5
-	if spread <= 0 {
-		return d
-	}
-	return d - spread/2 + rand.N(spread)
-}
+func jitter(d time.Duration) time.Duration { return shape.Jitter(d) }

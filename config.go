@@ -11,6 +11,8 @@ import (
 	"unicode"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/shape/partitioned"
 )
 
 // Config configures a [Store]. Only Consumer is required.
@@ -196,10 +198,10 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("Layout", "is %d, neither Plain nor Partitioned", int(cfg.Layout))
 	case cfg.Partitions < 0:
 		return nil, nil, bad("Partitions", "must not be negative, got %d", cfg.Partitions)
-	case attachedPartitions(cmp.Or(cfg.Partitions, DefaultPartitions)) > maxAttachedPartitions:
+	case partitioned.AttachedPartitions(cmp.Or(cfg.Partitions, DefaultPartitions)) > maxAttachedPartitions:
 		return nil, nil, bad("Partitions", "%d is over %d: every claim locks each attached partition and its indexes (about %d locks with %d attached) "+
 			"in PostgreSQL's shared lock table (max_locks_per_transaction × max_connections); make fewer, longer partitions",
-			cmp.Or(cfg.Partitions, DefaultPartitions), MaxPartitions, claimLocks(maxAttachedPartitions), maxAttachedPartitions)
+			cmp.Or(cfg.Partitions, DefaultPartitions), MaxPartitions, partitioned.ClaimLocks(maxAttachedPartitions), maxAttachedPartitions)
 	case cfg.Layout == Partitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
 		return nil, nil, bad("Partitions", "%d would make partitions of %s, shorter than %s", cmp.Or(cfg.Partitions, DefaultPartitions),
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
@@ -216,6 +218,10 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 	offsets, err = parseTable("OffsetTable", cmp.Or(cfg.OffsetTable, defaultOffsetTable(table)))
 	return table, offsets, err
 }
+
+// maxAttachedPartitions is the most partitions attached in the steady state
+// at MaxPartitions.
+var maxAttachedPartitions = partitioned.AttachedPartitions(MaxPartitions)
 
 // Layout is the shape of the dedup table: see [Config.Layout].
 type Layout int

@@ -3,7 +3,7 @@ package pgdedup
 import (
 	"errors"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // The errors pgdedup returns, wrapped with what was being done: compare with
@@ -46,7 +46,7 @@ var (
 	// Expired rows are piling up: find the session that holds the turn. On
 	// a [Partitioned] table it names the transactions that have kept
 	// partitions from being sealed for a partition span (docs/partitioning.md).
-	ErrCleanupStarved = errors.New("pgdedup: cleanup never got its turn")
+	ErrCleanupStarved = shape.ErrCleanupStarved
 
 	// ErrPayloadMismatch is matched (errors.Is) by the *[PayloadMismatchError]
 	// a call with [WithFingerprint] returns for a duplicate whose stored
@@ -96,32 +96,6 @@ type ConfigError struct {
 // Error returns "pgdedup: Config.Field Reason".
 func (e *ConfigError) Error() string { return "pgdedup: Config." + e.Field + " " + e.Reason }
 
-// detailError adds the server's DETAIL and HINT to the message of a
-// *pgconn.PgError, whose Error method leaves them out although they often say
-// what went wrong (Citus, for one, explains in DETAIL why it refuses a
-// statement). errors.As still finds the *pgconn.PgError.
-type detailError struct {
-	err  error
-	text string
-}
-
-func (e *detailError) Error() string { return e.err.Error() + e.text }
-func (e *detailError) Unwrap() error { return e.err }
-
 // withDetail returns err with the DETAIL and HINT of the *pgconn.PgError it
-// wraps, if any, added to its message; other errors are returned as they are.
-func withDetail(err error) error {
-	var pgErr *pgconn.PgError
-	var done *detailError
-	if err == nil || errors.As(err, &done) || !errors.As(err, &pgErr) || pgErr.Detail == "" && pgErr.Hint == "" {
-		return err
-	}
-	text := ""
-	if pgErr.Detail != "" {
-		text += "; DETAIL: " + pgErr.Detail
-	}
-	if pgErr.Hint != "" {
-		text += "; HINT: " + pgErr.Hint
-	}
-	return &detailError{err: err, text: text}
-}
+// wraps, if any, added to its message. Other errors are returned as they are.
+func withDetail(err error) error { return shape.WithDetail(err) }

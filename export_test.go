@@ -1,27 +1,31 @@
 package pgdedup
 
-import "time"
+import (
+	"time"
+
+	"github.com/pgdedup/pgdedup/internal/shape/partitioned"
+)
 
 // SetPartitionWaits sets how long s's Cleanup waits for old transactions
 // before sealing partitions, and for one DETACH CONCURRENTLY, on the
 // partitioned layout.
 func SetPartitionWaits(s *Store, seal, detach time.Duration) {
-	s.waits.seal, s.waits.detach = seal, detach
+	s.waits.Seal, s.waits.Detach = seal, detach
 }
 
 // SetAfterDetach makes s's Cleanup call f with a partition's name once it
 // has detached it, before it drops it: tests interrupt the run there.
 func SetAfterDetach(s *Store, f func(partition string)) {
-	s.waits.detached = f
+	s.waits.Detached = f
 }
 
 // SetMoveTimes sets how far ahead of a move of a populated table Setup puts
 // the switch (at least one span), and how often s looks a plain table up
 // again (negative: never, as a release before the move would).
 func SetMoveTimes(s *Store, lead, recheck time.Duration) {
-	s.move = moveTimes{lead: lead, recheck: recheck}
+	s.move = partitioned.MoveTimes{Lead: lead, Recheck: recheck}
 }
 
 // SetNoCarry makes s's Cleanup keep partitions with live rows instead of
 // carrying the rows forward.
-func SetNoCarry(s *Store) { s.waits.noCarry = true }
+func SetNoCarry(s *Store) { s.waits.NoCarry = true }

@@ -7,68 +7,154 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup/internal/placement/citus"
+	"github.com/pgdedup/pgdedup/internal/shape"
+	"github.com/pgdedup/pgdedup/internal/shape/partitioned"
+	"github.com/pgdedup/pgdedup/internal/shape/plain"
 )
 
-// This file is the one seam for where the tables live. What differs between a
-// table on one PostgreSQL server and one that Citus distributes (the
-// statements around a claim, the batch statement, cleanup, sizes) is chosen
-// once per Store, on first use, and each backend's code lives in its own
-// files: plain PostgreSQL below and in cleanup.go, Citus in the citus*.go
-// files. A new shape of processed_messages (time partitions, say) is one more
-// layout.
+// This file is the one place that chooses how the dedup table is shaped
+// and where it lives. A shape is the plain table (internal/shape/plain) or
+// the partitioned one (internal/shape/partitioned). A placement is one
+// server or a Citus cluster (internal/placement/citus). The partitioned
+// table on Citus is the partitioned shape with Citus's placement. The
+// choice is made once per Store, on first use. The engine (engine.go) then
+// asks the shape for each claim's statements, through the small adapter
+// below. No other file of this package names Citus.
 
-// placement is where a table lives: what a claim of any kind needs to know.
-type placement interface {
-	// settings returns the transaction-local settings a claim runs with:
-	// Config.LockTimeout, and for a batch whatever keeps overlapping batches
-	// from deadlocking.
-	settings(batch bool) txSettings
-	// transient marks err, a failure of the database, as one a new
-	// transaction can cure where this placement knows more than IsTransient;
-	// other errors are returned as they are.
-	transient(err error) error
+// placed is a table's placement, as the engine calls it.
+type placed struct{ p shape.Placement }
+
+// settings returns the transaction-local settings a claim runs with.
+func (p placed) settings(batch bool) txSettings {
+	st := p.p.Settings(batch)
+	return txSettings{set: st.Set, restore: st.Restore}
 }
 
-// layout is how processed_messages is shaped and where it lives: the
-// statements that claim IDs in it, how it is cleaned up and how big it is.
-type layout interface {
-	placement
-	// claimOne returns the statements claiming c's ID, with c's options; they
-	// set c.claimed, and read what c needs of the ID's row.
-	claimOne(c *idClaim) []statement
-	// storeResult returns the statement storing result in the row c claimed.
-	storeResult(c *idClaim, result []byte) statement
-	// claimMany returns the statements claiming c's sorted IDs; they add the
-	// new ones to c.fresh.
-	claimMany(c *batchClaim) []statement
-	// lookup returns the statement reading the row of r's ID; it fills in r.
-	lookup(r *lookupRow) statement
-	// forget returns the statements deleting the row of c's ID once any
-	// transaction holding it has ended; they set c.found.
-	forget(c *forgetClaim) []statement
-	// cleanup deletes expired rows (see Store.Cleanup); skipped reports that
-	// it never had the cleaners' turn, another cleaner holding it throughout.
-	// e is the run's EventCleanup, to which it may add what else it did.
-	cleanup(ctx context.Context, s *Store, e *Event) (deleted int64, skipped bool, err error)
-	// sizes fills in st's sizes, and what else the layout can say of the
-	// table's storage.
-	sizes(ctx context.Context, s *Store, st *Stats) error
+// transient marks err as transient where the placement knows more than
+// IsTransient.
+func (p placed) transient(err error) error { return p.p.Transient(err) }
+
+// shaped is the dedup table's shape, as the engine calls it.
+type shaped struct {
+	placed
+	sh shape.Shape
 }
 
-// layouts are the layouts of a Store's two tables, looked up on first use
+func newShaped(sh shape.Shape) shaped { return shaped{placed{sh}, sh} }
+
+// id is the ID of a claim, with its consumer and key.
+func (s *Store) id(messageID string) shape.ID {
+	return shape.ID{Consumer: s.cfg.Consumer, ID: messageID, Key: Key(s.cfg.Consumer, messageID)}
+}
+
+// claimOne returns the statements claiming c's ID, with c's options. They
+// set c.claimed and read what c needs of the ID's row.
+func (l shaped) claimOne(c *idClaim) []statement {
+	return statements(l.sh.ClaimOne(shape.One{ID: c.store.id(c.id), Retention: c.opts.retention, Fingerprint: c.opts.fingerprint,
+		WithResult: c.withResult, Claimed: &c.claimed, Stored: c.scanStored}))
+}
+
+// storeResult returns the statement storing result in the row c claimed.
+func (l shaped) storeResult(c *idClaim, result []byte) statement {
+	return statements([]shape.Statement{l.sh.StoreResult(c.store.id(c.id), result)})[0]
+}
+
+// claimMany returns the statements claiming c's sorted IDs. They add the
+// new ones to c.fresh.
+func (l shaped) claimMany(c *batchClaim) []statement {
+	return statements(l.sh.ClaimMany(shape.Many{Consumer: c.store.cfg.Consumer, IDs: c.sorted.ids, Keys: c.sorted.keys, Fresh: c.addFresh}))
+}
+
+// lookup returns the statement reading the row of r's ID. It fills in r.
+func (l shaped) lookup(r *lookupRow) statement {
+	return statements([]shape.Statement{l.sh.Lookup(r.store.id(r.id), r.scan)})[0]
+}
+
+// forget returns the statements of a Forget. First comes the shape's own
+// claim of the ID. It waits for a transaction that holds the ID (a first
+// delivery in flight) to end, or gives up after Config.LockTimeout, exactly
+// as a claim would. A plain DELETE would not see that transaction's
+// uncommitted row. It would delete nothing and let a redelivery run beside
+// it. The DELETE follows as a statement of its own, with a snapshot taken
+// after the wait. It removes the ID's rows, committed or just claimed.
+// There was a row only if the claim found the ID already claimed.
+func (l shaped) forget(c *forgetClaim) []statement {
+	c.claim = idClaim{store: c.store, id: c.id}
+	del := l.sh.Delete(c.store.id(c.id), func(n int64) { c.found = n > 0 && !c.claim.claimed })
+	return append(l.claimOne(&c.claim), statements([]shape.Statement{del})...)
+}
+
+// cleanup deletes expired rows (see Store.Cleanup). skipped reports that
+// it never had the cleaners' turn. It adds the partitions it created and
+// dropped to e.
+func (l shaped) cleanup(ctx context.Context, e *Event) (deleted int64, skipped bool, err error) {
+	var r shape.Report
+	deleted, skipped, err = l.sh.Cleanup(ctx, &r)
+	e.Created, e.Dropped = spans(r.Created), spans(r.Dropped)
+	return deleted, skipped, err
+}
+
+func spans(in []shape.Span) []PartitionSpan {
+	if in == nil {
+		return nil
+	}
+	out := make([]PartitionSpan, len(in))
+	for i, p := range in {
+		out[i] = PartitionSpan(p)
+	}
+	return out
+}
+
+// sizes fills in st's sizes, and what else the shape can say of the
+// table's storage.
+func (l shaped) sizes(ctx context.Context, st *Stats) error {
+	sz := shape.Sizes{Now: st.Now, TableBytes: st.TableBytes, IndexBytes: st.IndexBytes, TotalBytes: st.TotalBytes}
+	err := l.sh.Sizes(ctx, &sz)
+	st.TableBytes, st.IndexBytes, st.TotalBytes, st.DeadTuples = sz.TableBytes, sz.IndexBytes, sz.TotalBytes, sz.DeadTuples
+	st.LastVacuum, st.LastAutovacuum = sz.LastVacuum, sz.LastAutovacuum
+	st.PartitionSpan, st.SealedBefore, st.PartitionRunway = sz.PartitionSpan, sz.SealedBefore, sz.PartitionRunway
+	if sz.Indexes != nil {
+		st.Indexes = make([]IndexStats, len(sz.Indexes))
+		for i, x := range sz.Indexes {
+			st.Indexes[i] = IndexStats(x)
+		}
+	}
+	if sz.Partitions != nil {
+		st.Partitions = make([]PartitionStats, len(sz.Partitions))
+		for i, p := range sz.Partitions {
+			st.Partitions[i] = PartitionStats(p)
+		}
+	}
+	return err
+}
+
+// statements are a shape's statements, as the engine sends them.
+func statements(sts []shape.Statement) []statement {
+	out := make([]statement, len(sts))
+	for i, st := range sts {
+		out[i] = statement{sql: st.SQL, args: st.Args, row: st.Row, affected: st.Affected}
+	}
+	return out
+}
+
+// layouts are the shapes of a Store's two tables, looked up on first use
 // (see Store.layouts).
 type layouts struct {
-	messages layout    // Config.Table
-	offsets  placement // Config.OffsetTable
-	at       time.Time // when they were looked up
+	messages shaped             // Config.Table
+	offsets  placed             // Config.OffsetTable
+	plain    bool               // messages is the plain table on one server
+	part     *partitioned.Shape // messages, if partitioned
+	at       time.Time          // when they were looked up
 }
 
-// stale reports whether ls are due to be looked up again: a plain table
-// every defaultLayoutRecheck, so that a Store follows a move to the partitioned
-// layout (Setup on a populated table) before its switch time.
+// stale reports whether ls are due to be looked up again. A plain table is
+// looked up every DefaultLayoutRecheck. So a Store follows a move to the
+// partitioned layout (Setup on a populated table) before its switch time.
 func (s *Store) stale(ls *layouts) bool {
-	_, plain := ls.messages.(plainLayout)
-	return plain && s.move.recheck >= 0 && time.Since(ls.at) >= cmp.Or(s.move.recheck, defaultLayoutRecheck)
+	return ls.plain && s.move.Recheck >= 0 && time.Since(ls.at) >= cmp.Or(s.move.Recheck, partitioned.DefaultLayoutRecheck)
 }
 
 // transient marks err as transient if either table's placement says so.
@@ -76,11 +162,12 @@ func (ls *layouts) transient(err error) error {
 	return ls.offsets.transient(ls.messages.transient(err))
 }
 
-// The look-up, without referencing Citus's catalog (absent on plain
-// PostgreSQL) in the first statement. In a transaction whose snapshot
-// predates a move the table is still plain, and the plain statement is what
-// works there (the partitioned claim would not see its pgdedup_partitions
-// row): exact until the switch, which comes minutes later.
+// The look-up does not reference Citus's catalog in the first statement,
+// since it is absent on plain PostgreSQL. In a transaction whose snapshot
+// predates a move, the table is still plain. The plain statement is what
+// works there, because the partitioned claim would not see its
+// pgdedup_partitions row. That is exact until the switch, which comes
+// minutes later.
 const (
 	layoutQuery = `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL, to_regclass($1) IS NOT NULL,
 coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
@@ -88,22 +175,22 @@ coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass(
 EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($2))`
 )
 
-// layouts returns the layouts of the Store's tables, looking them up with
-// query on first use: one query on plain PostgreSQL, two where Citus is
-// installed, once per Store, and again every defaultLayoutRecheck while the table
-// is plain (see stale). Config.Layout plays no part: a partitioned table
-// (relkind p) has the partitioned layout, and a plain one the plain layout,
-// so a Partitioned Store rolled out before Setup claims exactly on the plain
-// table and follows the move. A missing table is not remembered: the claim
-// that follows reports it. A table distributed after the Store's first use
-// keeps its plain layout until the next look-up: distribute before starting
-// consumers.
+// layouts returns the shapes of the Store's tables, looking them up with
+// query on first use. That is one query on plain PostgreSQL and two where
+// Citus is installed, once per Store. A plain table is looked up again every
+// DefaultLayoutRecheck (see stale). Config.Layout plays no part. A
+// partitioned table (relkind p) has the partitioned shape, and a plain one
+// the plain shape. So a Partitioned Store rolled out before Setup claims
+// exactly on the plain table and follows the move. A missing table is not
+// remembered, and the claim that follows reports it. A table distributed
+// after the Store's first use keeps its plain shape until the next
+// look-up. So distribute before starting consumers.
 func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, error) {
 	if ls := s.found.Load(); ls != nil && !s.stale(ls) {
 		return ls, nil
 	}
-	var citusInstalled, exists, partitioned, messagesOnCitus, offsetsOnCitus bool
-	if err := query(ctx, layoutQuery, []any{s.messages.table}, &citusInstalled, &exists, &partitioned); err != nil {
+	var citusInstalled, exists, isPartitioned, messagesOnCitus, offsetsOnCitus bool
+	if err := query(ctx, layoutQuery, []any{s.messages.table}, &citusInstalled, &exists, &isPartitioned); err != nil {
 		return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s: %w", s.messages.table, withDetail(err)))
 	}
 	if citusInstalled {
@@ -111,17 +198,21 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 			return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.messages.table, withDetail(err)))
 		}
 	}
-	ls := &layouts{messages: plainLayout{plainPlacement(s.messages.lockTimeoutMS)}, offsets: plainPlacement(s.messages.lockTimeoutMS), at: time.Now()}
+	ms := s.messages.lockTimeoutMS
+	ls := &layouts{messages: newShaped(plain.New(s.env(), s.messages.sql)), offsets: placed{plain.Placement(ms)}, plain: true, at: time.Now()}
 	switch {
-	case messagesOnCitus && partitioned:
-		ls.messages = newCitusPartitionedLayout(s.messages, s.partitionMeta, s.partitionFunc)
+	case messagesOnCitus && isPartitioned:
+		ls.part = s.partitioned(citus.NewPartitioned(ms, s.partitionFunc))
 	case messagesOnCitus:
-		ls.messages = newCitusLayout(s.messages)
-	case partitioned:
-		ls.messages = newPartitionedLayout(s.messages, s.partitionMeta)
+		ls.messages, ls.plain = newShaped(citus.NewPlain(s.env(), s.messages.sql)), false
+	case isPartitioned:
+		ls.part = s.partitioned(partitioned.OneServer{Placement: plain.Placement(ms)})
+	}
+	if ls.part != nil {
+		ls.messages, ls.plain = newShaped(ls.part), false
 	}
 	if offsetsOnCitus {
-		ls.offsets = citusPlacement(s.messages.lockTimeoutMS)
+		ls.offsets = placed{citus.Placement(ms)}
 	}
 	if exists {
 		s.found.Store(ls)
@@ -129,170 +220,63 @@ func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, erro
 	return ls, nil
 }
 
+// setupShape returns the partitioned shape that Setup works with. Its
+// placement is Citus's wherever Citus is installed.
+func (s *Store) setupShape(ctx context.Context) (*partitioned.Shape, error) {
+	var citusInstalled bool
+	if err := s.db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citusInstalled); err != nil {
+		return nil, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+	}
+	if citusInstalled {
+		return s.partitioned(citus.NewPartitioned(s.messages.lockTimeoutMS, s.partitionFunc)), nil
+	}
+	return s.partitioned(partitioned.OneServer{Placement: plain.Placement(s.messages.lockTimeoutMS)}), nil
+}
+
+// env is what the Store's shapes are built from.
+func (s *Store) env() shape.Env {
+	return shape.Env{DB: s.db, Log: s.log, Table: s.messages.table, Retention: s.cfg.Retention,
+		CleanupBatchSize: int64(s.cfg.CleanupBatchSize), LockTimeoutMS: s.messages.lockTimeoutMS}
+}
+
+// partitioned returns the partitioned shape of the Store's table on place.
+func (s *Store) partitioned(place partitioned.Placement) *partitioned.Shape {
+	pool, _ := s.db.(*pgxpool.Pool)
+	conn, _ := s.db.(*pgx.Conn)
+	return partitioned.New(partitioned.Config{Env: s.env(), SQL: s.messages.sql, Meta: s.partitionMeta, Place: place,
+		Waits: &s.waits, Move: &s.move, Pool: pool, Conn: conn})
+}
+
 // messageStatements are a Store's SQL for processed_messages, built once in
-// New. The table name is quoted; the retention and lock timeout are integers
-// formatted by us; the consumer and the IDs are always bound parameters.
+// New.
 type messageStatements struct {
-	table   string // quoted, possibly schema-qualified
-	expires string // the expires_at expression
-	claim   string // $1 consumer, $2 id, $3 key
-	// claimWith are the claims with options, by claimVariant: claimWith[0]
-	// is claim; the others add $4 the retention in microseconds and/or the
-	// fingerprint, last.
-	claimWith         [4]string
-	storedFingerprint string // $1 consumer, $2 id, $3 key
-	storedResult      string // $1 consumer, $2 id, $3 key
-	storeResult       string // $1 consumer, $2 id, $3 key, $4 result
-	claimBatch        string // $1 consumer, $2 ids, $3 their keys, sorted by key
-	lookup            string // $1 consumer, $2 id, $3 key
-	forget            string // $1 consumer, $2 id, $3 key
-	lockTimeoutMS     int64  // Config.LockTimeout in milliseconds, rounded up; 0 for none
+	table         string // quoted, possibly schema-qualified
+	lockTimeoutMS int64  // Config.LockTimeout in milliseconds, rounded up; 0 for none
+	sql           plain.Statements
 }
 
 func newMessageStatements(table pgx.Identifier, retention, lockTimeout time.Duration) messageStatements {
-	t := table.Sanitize()
-	expires := fmt.Sprintf("now() + interval '%d microseconds'", retention.Microseconds())
-	where := ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`
-	m := messageStatements{
-		table:   t,
-		expires: expires,
-		claim: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at) VALUES ($3::uuid, $1, $2, ` + expires + `)
-ON CONFLICT DO NOTHING`,
-		claimBatch: `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at)
-SELECT k, $1, id, ` + expires + ` FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n) ORDER BY n
-ON CONFLICT DO NOTHING
-RETURNING message_id`,
-		// Every column of the key in the WHERE clause: Citus routes the
-		// statement to one shard whichever column distributes the table.
-		lookup:        `SELECT processed_at, expires_at FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
-		forget:        `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
-		lockTimeoutMS: int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
-		// A row is the ID's record until it is deleted, expired or not.
-		storedFingerprint: `SELECT fingerprint FROM ` + t + where,
-		storedResult:      `SELECT fingerprint, result FROM ` + t + where,
-		storeResult:       `UPDATE ` + t + ` SET result = $4` + where,
+	sql := plain.NewStatements(table.Sanitize(), retention, lockTimeout)
+	return messageStatements{table: sql.Table, lockTimeoutMS: sql.LockTimeoutMS, sql: sql}
+}
+
+// partitionMeta is the quoted pgdedup_partitions beside table.
+func partitionMeta(table pgx.Identifier) string { return partitioned.MetaName(table) }
+
+// partitionFunc is the quoted Citus claim function beside table.
+func partitionFunc(table pgx.Identifier) string { return citus.ClaimFunc(table) }
+
+// createAhead starts creating the partitions ahead every interval while the
+// table is partitioned, until ctx ends or stop is called. Only on a pool: a
+// single connection cannot serve two goroutines.
+func (s *Store) createAhead(ctx context.Context, interval time.Duration) (stop func()) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok {
+		return func() {}
 	}
-	m.claimWith[0] = m.claim
-	for v := 1; v < len(m.claimWith); v++ {
-		cols, values, n := "", "", 4
-		exp := expires
-		if v&claimRetention != 0 {
-			exp = fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
-			n++
+	return partitioned.CreateAhead(ctx, max(interval, MinPartitionSpan/2), func(ctx context.Context) *partitioned.Shape {
+		if ls, err := s.layouts(ctx, pgxQueryRow(s.db)); err == nil {
+			return ls.part
 		}
-		if v&claimFingerprint != 0 {
-			cols, values = ", fingerprint", fmt.Sprintf(", $%d::bytea", n)
-		}
-		m.claimWith[v] = `INSERT INTO ` + t + ` (key, consumer, message_id, expires_at` + cols + `) VALUES ($3::uuid, $1, $2, ` + exp + values + `)
-ON CONFLICT DO NOTHING`
-	}
-	return m
-}
-
-// The bits of a claim's variant: which options change its statement.
-const (
-	claimRetention   = 1 // WithRetention: expires_at from $4
-	claimFingerprint = 2 // WithFingerprint: the fingerprint column
-)
-
-// plainPlacement is a table on one PostgreSQL server; its value is
-// Config.LockTimeout in milliseconds (0: none).
-type plainPlacement int64
-
-// settings: with Config.LockTimeout, the claim runs between saving the
-// caller's lock_timeout and setting ours, and restoring it, so the wait is
-// bounded without changing lock_timeout for the rest of the transaction. All
-// are transaction-local (set_config's is_local).
-func (ms plainPlacement) settings(bool) txSettings {
-	if ms == 0 {
-		return txSettings{}
-	}
-	return txSettings{
-		set: []string{
-			`SELECT set_config('pgdedup.lock_timeout', current_setting('lock_timeout'), true)`,
-			fmt.Sprintf(`SELECT set_config('lock_timeout', '%dms', true)`, int64(ms)),
-		},
-		restore: []string{`SELECT set_config('lock_timeout', current_setting('pgdedup.lock_timeout'), true)`},
-	}
-}
-
-func (plainPlacement) transient(err error) error { return err }
-
-// plainLayout is processed_messages as migrations 00001-00003 create it, on
-// one PostgreSQL server: one table, one unique index on key.
-type plainLayout struct{ plainPlacement }
-
-// claimOne is one INSERT … ON CONFLICT DO NOTHING, the same statement for
-// every call without options. With a fingerprint, or for a stored result, a
-// SELECT follows: a statement of its own, so that its snapshot is taken after
-// the INSERT waited for a transaction holding the ID, and sees its row.
-func (plainLayout) claimOne(c *idClaim) []statement {
-	return claimOneWith(c, c.store.messages.claimWith)
-}
-
-// claimOneWith is a layout's claimOne, given its claims by claimVariant
-// (claimWith[0] is the claim without options), followed by the SELECT of a
-// fingerprint or a stored result.
-func claimOneWith(c *idClaim, claimWith [4]string) []statement {
-	s := c.store
-	args := []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)}
-	variant, claimArgs := 0, args
-	if c.opts.retention != 0 {
-		variant |= claimRetention
-		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.retention.Microseconds())
-	}
-	if c.opts.fingerprint != nil {
-		variant |= claimFingerprint
-		claimArgs = append(claimArgs[:len(claimArgs):len(claimArgs)], c.opts.fingerprint)
-	}
-	sts := []statement{{sql: claimWith[variant], args: claimArgs, affected: func(n int64) { c.claimed = n == 1 }}}
-	switch {
-	case c.withResult:
-		sts = append(sts, statement{sql: s.messages.storedResult, args: args, row: c.scanStored})
-	case c.opts.fingerprint != nil:
-		sts = append(sts, statement{sql: s.messages.storedFingerprint, args: args, row: c.scanStored})
-	}
-	return sts
-}
-
-func (plainLayout) storeResult(c *idClaim, result []byte) statement {
-	s := c.store
-	return statement{sql: s.messages.storeResult, args: []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id), result}}
-}
-
-// claimMany is one INSERT … SELECT FROM unnest, whatever the batch size.
-func (plainLayout) claimMany(c *batchClaim) []statement {
-	s := c.store
-	return []statement{{sql: s.messages.claimBatch, args: []any{s.cfg.Consumer, c.sorted.ids, c.sorted.keys}, row: c.addFresh}}
-}
-
-func (plainLayout) lookup(r *lookupRow) statement {
-	s := r.store
-	return statement{sql: s.messages.lookup, args: []any{s.cfg.Consumer, r.id, Key(s.cfg.Consumer, r.id)}, row: r.scan}
-}
-
-func (l plainLayout) forget(c *forgetClaim) []statement { return forgetStatements(l, c) }
-
-// forgetStatements are the statements of a Forget on any layout. First the
-// layout's own claim of the ID: it waits for a transaction that holds the ID
-// (a first delivery in flight) to end, or gives up after Config.LockTimeout,
-// exactly as a claim would. A plain DELETE would not see that transaction's
-// uncommitted row, delete nothing, and let a redelivery run beside it. The
-// DELETE, a statement of its own and so with a snapshot taken after the wait,
-// then removes the ID's rows, committed or just claimed; there was a row only
-// if the claim found the ID already claimed.
-func forgetStatements(l layout, c *forgetClaim) []statement {
-	s := c.store
-	c.claim = idClaim{store: s, id: c.id}
-	return append(l.claimOne(&c.claim), statement{
-		sql: s.messages.forget, args: []any{s.cfg.Consumer, c.id, Key(s.cfg.Consumer, c.id)},
-		affected: func(n int64) { c.found = n > 0 && !c.claim.claimed }})
-}
-
-func (plainLayout) cleanup(ctx context.Context, s *Store, _ *Event) (int64, bool, error) {
-	return s.cleanupPlain(ctx)
-}
-
-func (plainLayout) sizes(ctx context.Context, s *Store, st *Stats) error {
-	return s.plainSizes(ctx, st)
+		return nil
+	})
 }

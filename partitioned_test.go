@@ -2,10 +2,11 @@ package pgdedup_test
 
 import (
 	"fmt"
-	"github.com/jackc/pgx/v5/stdlib"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/jackc/pgx/v5"
 

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/shape/partitioned"
+	"github.com/pgdedup/pgdedup/internal/shape/plain"
 )
 
 // DB is what a [Store] calls on Postgres, and nothing more. A
@@ -29,18 +32,17 @@ type Store struct {
 	log      *slog.Logger
 	messages messageStatements
 	offsets  offsetStatements
-	// partitionMeta is the quoted pgdedup_partitions beside the table
-	// (partitioned.go).
+	// partitionMeta is the quoted pgdedup_partitions beside the table.
 	partitionMeta string
-	// partitionFunc is the quoted Citus claim function beside the table
-	// (partitionFuncSQL)
+	// partitionFunc is the quoted claim function of a partitioned table on
+	// Citus.
 	partitionFunc string
-	found         atomic.Pointer[layouts] // looked up on first use: see Store.layouts
+	found         atomic.Pointer[layouts] // looked up on first use (see Store.layouts)
 
-	waits partitionWaits // partition_cleanup.go
-	move  moveTimes      // partition_move.go
+	waits partitioned.Waits     // the partitioned cleanup's waits, which tests set
+	move  partitioned.MoveTimes // the online move's times, which tests set
 
-	turn turnWatch // Cleanup runs that found the cleaners' turn taken: cleanup_turn.go
+	turn plain.TurnWatch // Cleanup runs that found the cleaners' turn taken
 }
 
 // New returns a [Store] that records IDs for cfg.Consumer in db. It checks cfg

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // retry runs attempt until it succeeds, fails permanently, MaxAttempts is
@@ -119,25 +121,12 @@ func transientSQLState(code string) bool {
 
 // sqlState returns the SQLSTATE err carries, from pgx or from a database/sql
 // driver's error type with a SQLState method.
-func sqlState(err error) (string, bool) {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code, true
-	}
-	var st interface{ SQLState() string }
-	if errors.As(err, &st) {
-		return st.SQLState(), true
-	}
-	return "", false
-}
+func sqlState(err error) (string, bool) { return shape.SQLState(err) }
 
 // connLostError marks an error as the loss of the connection to the
 // database, which IsTransient cannot tell from other network errors by type
 // alone. Its message is the error's own.
-type connLostError struct{ err error }
-
-func (e *connLostError) Error() string { return e.err.Error() }
-func (e *connLostError) Unwrap() error { return e.err }
+type connLostError = shape.ConnLostError
 
 // fromDatabase marks err, returned by a statement pgdedup sent itself (BEGIN,
 // a claim, COMMIT), as a lost connection when it is a network failure rather
@@ -147,7 +136,7 @@ func fromDatabase(err error) error {
 	if err == nil || !isNetworkFailure(err) {
 		return err
 	}
-	return &connLostError{err}
+	return &connLostError{Err: err}
 }
 
 // fnError is an error fn returned, with pgdedup's verdict on it: transient

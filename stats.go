@@ -2,7 +2,6 @@ package pgdedup
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -109,7 +108,7 @@ FROM to_regclass($1::text) r`, s.messages.table).Scan(&st.Now, &exists, &st.Tabl
 	if err != nil {
 		return Stats{}, err // it names the table
 	}
-	if err := ls.messages.sizes(ctx, s, &st); err != nil {
+	if err := ls.messages.sizes(ctx, &st); err != nil {
 		return Stats{}, err
 	}
 	// The first statement's now() is passed on, so that "expired" means the
@@ -141,28 +140,4 @@ FROM `+s.messages.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
 		}
 	}
 	return st, nil
-}
-
-// plainSizes fills in st's dead tuples, last vacuums and indexes, from the
-// statistics views and catalogs, which any role may read (the sizes are read
-// before, alike for every layout).
-func (s *Store) plainSizes(ctx context.Context, st *Stats) error {
-	err := s.db.QueryRow(ctx, `SELECT n_dead_tup, last_vacuum, last_autovacuum FROM pg_stat_user_tables
-WHERE relid = to_regclass($1::text)`, s.messages.table).Scan(&st.DeadTuples, &st.LastVacuum, &st.LastAutovacuum)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) { // no row: track_counts is off
-		return fmt.Errorf("pgdedup: stats of %s: read vacuum statistics: %w", s.messages.table, err)
-	}
-	for _, t := range []*time.Time{st.LastVacuum, st.LastAutovacuum} {
-		if t != nil {
-			*t = t.UTC()
-		}
-	}
-	rows, _ := s.db.Query(ctx, `SELECT c.relname, am.amname, pg_total_relation_size(c.oid)
-FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
-WHERE i.indrelid = to_regclass($1::text) ORDER BY c.relname`, s.messages.table)
-	st.Indexes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[IndexStats])
-	if err != nil {
-		return fmt.Errorf("pgdedup: stats of %s: read index sizes: %w", s.messages.table, err)
-	}
-	return nil
 }

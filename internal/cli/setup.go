@@ -49,7 +49,7 @@ func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return c.fail(err)
 	}
 	fmt.Fprintf(stdout, "%s is partitioned: %d partitions of %s\n", c.table, len(st.Partitions), st.PartitionSpan)
-	// The old table of a move starts at 2000-01-01 (partition_move.go).
+	// The old table of a move starts at 2000-01-01 (internal/shape/partitioned/move.go).
 	if len(st.Partitions) > 0 && st.Partitions[0].From.Year() == 2000 && st.Partitions[0].To.After(time.Now()) {
 		fmt.Fprintf(stdout, "moved: %s takes every claim until the switch at %s; stop every process running an older pgdedup release before then\n",
 			shown(st.Partitions[0].Name), st.Partitions[0].To.Format(time.RFC3339))

@@ -1,4 +1,4 @@
-package pgdedup
+package citus_test
 
 import (
 	"errors"
@@ -6,6 +6,10 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/placement/citus"
+	"github.com/pgdedup/pgdedup/internal/shape/plain"
 )
 
 // On a Citus table, the internal error XX000 a coordinator session fails
@@ -15,17 +19,17 @@ import (
 func TestCitusInternalErrorIsTransient(t *testing.T) {
 	essential := fmt.Errorf("pgdedup: claim %q: %w", "m1",
 		&pgconn.PgError{Code: "XX000", Message: "failure on connection marked as essential: 127.0.0.1:9701"})
-	if !IsTransient(citusPlacement(0).transient(essential)) {
+	if !pgdedup.IsTransient(citus.Placement(0).Transient(essential)) {
 		t.Error("XX000 on Citus is not transient")
 	}
-	if IsTransient(plainPlacement(0).transient(essential)) {
+	if pgdedup.IsTransient(plain.Placement(0).Transient(essential)) {
 		t.Error("XX000 on plain PostgreSQL is transient")
 	}
-	if err := citusPlacement(0).transient(essential); !errors.Is(err, essential) || err.Error() != essential.Error() {
+	if err := citus.Placement(0).Transient(essential); !errors.Is(err, essential) || err.Error() != essential.Error() {
 		t.Errorf("marked error %v does not wrap the original unchanged", err)
 	}
 	unique := &pgconn.PgError{Code: "23505"}
-	if IsTransient(citusPlacement(0).transient(unique)) {
+	if pgdedup.IsTransient(citus.Placement(0).Transient(unique)) {
 		t.Error("a unique violation on Citus is transient")
 	}
 }

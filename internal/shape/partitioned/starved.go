@@ -1,4 +1,4 @@
-package pgdedup
+package partitioned
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // Sealing waits for every transaction holding a lock on the table; one that
@@ -15,7 +17,7 @@ import (
 // into one more partition per span. That is the partitioned layout's
 // starved cleanup: sealing due (the oldest unsealed partition ended) for a
 // whole span or more, and this run's wait still finding transactions open.
-// Cleanup then returns ErrCleanupStarved naming them, after doing the rest
+// Cleanup then returns shape.ErrCleanupStarved naming them, after doing the rest
 // of its work. A pending DETACH … FINALIZE waits for the same transactions:
 // one that holds it up for a span holds sealing up too.
 
@@ -26,33 +28,33 @@ import (
 // INDEX CONCURRENTLY, a transaction that locked the table in a stronger
 // mode. After a second more than another cleaner's detach may hold it
 // (createLockTimeout: 6 s by default) the partition is left to the next run,
-// and the run returns ErrCleanupStarved naming the sessions, after doing the
+// and the run returns shape.ErrCleanupStarved naming the sessions, after doing the
 // rest of its work.
 // Claims fail only once the clock passes the last partition created: the
 // first run after a partition fell due reports it, with the partitions
-// ahead (partitionsAhead spans) still to go, less the time since the switch.
+// ahead (Ahead spans) still to go, less the time since the switch.
 
 // cleanerCreating reports whether every session holding a lock on the table
 // that creation waits for is a cleaner creating partitions: it holds the
 // cleaners' advisory lock too (createPartitionSQL takes it when free, after
 // its lock on the table, which only roles that may change the table's rows
 // can take).
-func (s *Store) cleanerCreating(ctx context.Context) bool {
-	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
+func (l *Shape) cleanerCreating(ctx context.Context) bool {
+	oid := `'` + l.table + `'::pg_catalog.regclass::pg_catalog.oid`
 	var creating bool
-	err := s.db.QueryRow(ctx, `WITH h AS (SELECT DISTINCT l.pid FROM pg_catalog.pg_locks l
+	err := l.db.QueryRow(ctx, `WITH h AS (SELECT DISTINCT l.pid FROM pg_catalog.pg_locks l
 WHERE l.locktype = 'relation' AND l.granted AND l.relation = `+oid+`
 AND l.mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
 AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid())
 SELECT count(*) > 0 AND coalesce(bool_and(EXISTS (SELECT FROM pg_catalog.pg_locks a WHERE a.pid = h.pid AND a.locktype = 'advisory'
-AND a.granted AND a.classid = `+cleanupLockClass+`::pg_catalog.oid AND a.objid = `+oid+` AND a.objsubid = 2)), false) FROM h`).Scan(&creating)
+AND a.granted AND a.classid = `+shape.CleanupLockClass+`::pg_catalog.oid AND a.objid = `+oid+` AND a.objsubid = 2)), false) FROM h`).Scan(&creating)
 	return err == nil && creating
 }
 
-// creationStarved returns an error wrapping ErrCleanupStarved: partitions
+// creationStarved returns an error wrapping shape.ErrCleanupStarved: partitions
 // blocked could not be created for a lock; st's partitions and made (this
 // run's) say when claims would fail.
-func (s *Store) creationStarved(ctx context.Context, st *partitionState, made []PartitionSpan, blocked []string) error {
+func (l *Shape) creationStarved(ctx context.Context, st *partitionState, made []shape.Span, blocked []string) error {
 	var until time.Time
 	for _, p := range st.parts {
 		if p.to.After(until) {
@@ -66,32 +68,29 @@ func (s *Store) creationStarved(ctx context.Context, st *partitionState, made []
 	}
 	return fmt.Errorf("%w: creating partition(s) %s of %s waits for a lock held by %s: "+
 		"claims fail once the clock passes the last partition, at %s; end it (pg_terminate_backend) if it is stuck",
-		ErrCleanupStarved, strings.Join(blocked, ", "), s.messages.table, s.lockHolders(ctx), until.UTC().Format(time.RFC3339))
+		shape.ErrCleanupStarved, strings.Join(blocked, ", "), l.table, l.lockHolders(ctx), until.UTC().Format(time.RFC3339))
 }
 
-// sealStarved returns an error wrapping ErrCleanupStarved, naming the open
+// sealStarved returns an error wrapping ErrCleanupStarved if sealing has
+// been due for a span or more, and nil otherwise. It names the open
 // transactions (virtualtransaction, from waitLockers) and the prepared ones
-// on Citus's nodes (described by waitPrepared), if sealing has been due for a
-// span or more; nil otherwise.
-func (s *Store) sealStarved(ctx context.Context, st *partitionState, open, prepared []string) error {
+// (from Placement.WaitPrepared).
+func (l *Shape) sealStarved(ctx context.Context, st *partitionState, open, prepared []string) error {
 	if st.sealed.Add(2 * st.span).After(st.current) {
 		return nil
 	}
 	if len(prepared) > 0 {
-		// Citus: every lock on the table is free; a claim may still be
-		// prepared on a node (partition_prepared.go).
-		return fmt.Errorf("%w: sealing the partitions of %s, due since %s, is held up by %s, which may hold a claim "+
-			"that two-phase commit has not finished on that node: Citus's recovery ends them (recover_prepared_transactions()); "+
-			"until they end, each claim inserts into one more partition per span",
-			ErrCleanupStarved, s.messages.table, st.sealed.Add(st.span).UTC().Format(time.RFC3339), strings.Join(prepared, ", "))
+		// Every lock on the table is free, but a claim may still be
+		// prepared on a node.
+		return l.PreparedStarved(l.table, st.sealed.Add(st.span), prepared)
 	}
-	// A lock on the table, or (Citus) the claims' advisory lock, which a
-	// session of any role may hold.
-	rows, _ := s.db.Query(ctx, `SELECT DISTINCT l.pid, coalesce(a.usename::text, '?'), coalesce(a.application_name, ''), coalesce(a.state, '?'), a.xact_start
+	// A lock on the table counts, and so does the claims' advisory lock,
+	// which a session of any role may hold.
+	rows, _ := l.db.Query(ctx, `SELECT DISTINCT l.pid, coalesce(a.usename::text, '?'), coalesce(a.application_name, ''), coalesce(a.state, '?'), a.xact_start
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-WHERE (l.locktype = 'relation' AND l.relation = '`+s.messages.table+`'::pg_catalog.regclass::pg_catalog.oid
-OR l.locktype = 'advisory' AND l.classid = `+partitionClaimLockClass+`::pg_catalog.oid
-AND l.objid = '`+s.messages.table+`'::pg_catalog.regclass::pg_catalog.oid AND l.objsubid = 2)
+WHERE (l.locktype = 'relation' AND l.relation = '`+l.table+`'::pg_catalog.regclass::pg_catalog.oid
+OR l.locktype = 'advisory' AND l.classid = `+ClaimLockClass+`::pg_catalog.oid
+AND l.objid = '`+l.table+`'::pg_catalog.regclass::pg_catalog.oid AND l.objsubid = 2)
 AND l.virtualtransaction = ANY ($1::text[])
 ORDER BY 5 NULLS FIRST, 1`, open)
 	var described []string
@@ -108,10 +107,10 @@ ORDER BY 5 NULLS FIRST, 1`, open)
 	}
 	return fmt.Errorf("%w: sealing the partitions of %s, due since %s, is held up by %s, which hold a lock on the table: "+
 		"until they end, each claim inserts into one more partition per span; end them (pg_terminate_backend) if they are stuck",
-		ErrCleanupStarved, s.messages.table, st.sealed.Add(st.span).UTC().Format(time.RFC3339), who)
+		shape.ErrCleanupStarved, l.table, st.sealed.Add(st.span).UTC().Format(time.RFC3339), who)
 }
 
-// describeSession describes a session holding a lock, for ErrCleanupStarved:
+// describeSession describes a session holding a lock, for shape.ErrCleanupStarved:
 // its pid, role, application_name, state and transaction start (a nil pid:
 // a prepared transaction).
 func describeSession(pid *int32, role, app, state string, since *time.Time) string {

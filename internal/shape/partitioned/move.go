@@ -1,4 +1,4 @@
-package pgdedup
+package partitioned
 
 import (
 	"cmp"
@@ -9,16 +9,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // Moving a populated plain table to the partitioned layout (Store.Setup on a
 // plain table that holds rows), online: the old table becomes one partition,
-// the legacy partition, covering claim times from partitionOrigin to a switch
+// the legacy partition, covering claim times from Origin to a switch
 // time T on the span grid, ahead by at least defaultMoveLead, one span, and
 // twice the old table's scan at moveScanRate. No row is copied, and no step
 // holds a lock that claims wait for longer than moveLockTimeout:
 //
-//  1. CHECK (processed_at >= partitionOrigin AND processed_at < T) NOT
+//  1. CHECK (processed_at >= Origin AND processed_at < T) NOT
 //     VALID (a catalog change under ACCESS EXCLUSIVE, tried for
 //     moveLockTimeout at a time), then VALIDATE CONSTRAINT (a scan under
 //     SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued behind
@@ -28,7 +30,7 @@ import (
 //  2. One short transaction, under the same lock_timeout: rename the old
 //     table to the legacy partition's name, create the partitioned parent
 //     under the old name as setupSQL does (columns, defaults, trigger,
-//     grants), ATTACH the old table FOR VALUES FROM (partitionOrigin) TO
+//     grants), ATTACH the old table FOR VALUES FROM (Origin) TO
 //     (T), which the validated check spares a scan of, drop the check, and
 //     record the span with sealed = T - span.
 //
@@ -50,7 +52,7 @@ import (
 // partition, and now() is its transaction's start, so it may even land in
 // the legacy partition after the seal, unseen by claims that saw the seal.
 // So no plain claim may run from T on: Stores look a plain table up again
-// every defaultLayoutRecheck (Store.layouts), the swap gives up unless it
+// every DefaultLayoutRecheck (Store.layouts), the swap gives up unless it
 // commits half the lead before T, and older releases must stop by T. (Old releases' Cleanup
 // deletes by ctid, which repeats across partitions, but checks expires_at
 // again: it deletes only expired rows, which is harmless.)
@@ -59,9 +61,9 @@ const (
 	// defaultMoveLead is how far ahead of the move T is at least (and at
 	// least one span): time for every Store to look the table up again.
 	defaultMoveLead = 10 * time.Minute
-	// defaultLayoutRecheck is how often a Store that found the table plain
+	// DefaultLayoutRecheck is how often a Store that found the table plain
 	// looks it up again.
-	defaultLayoutRecheck = time.Minute
+	DefaultLayoutRecheck = time.Minute
 	// moveLockTimeout bounds each wait of the move for a lock that claims
 	// queue behind.
 	moveLockTimeout = 200 * time.Millisecond
@@ -70,9 +72,10 @@ const (
 	moveScanRate = 25 << 20
 )
 
-// moveTimes are a Store's move lead and layout re-check interval; zero: the
-// defaults; a negative recheck: never (tests, standing in for old code).
-type moveTimes struct{ lead, recheck time.Duration }
+// MoveTimes are a Store's move lead and layout re-check interval. Zero
+// means the defaults. A negative Recheck means never. Tests set it to stand
+// in for old code.
+type MoveTimes struct{ Lead, Recheck time.Duration }
 
 // moveCheck is the name of the check constraint the move adds for a switch
 // at T; the name carries T, so that the swap attaches with the bound its own
@@ -85,25 +88,25 @@ func moveCheck(t time.Time) string {
 // (see above) and returns T (zero if another Setup moved it first). A step
 // that fails after the check was added removes it, so that the plain table
 // takes claims after T again.
-func (s *Store) movePopulated(ctx context.Context, span time.Duration) (time.Time, error) {
+func (l *Shape) movePopulated(ctx context.Context, span time.Duration) (time.Time, error) {
 	var nsp, rel string
 	var size int64
-	err := s.db.QueryRow(ctx, `SELECT n.nspname::text, c.relname::text, pg_catalog.pg_table_size(c.oid)
+	err := l.db.QueryRow(ctx, `SELECT n.nspname::text, c.relname::text, pg_catalog.pg_table_size(c.oid)
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = '`+s.messages.table+`'::pg_catalog.regclass`).Scan(&nsp, &rel, &size)
+WHERE c.oid = '`+l.table+`'::pg_catalog.regclass`).Scan(&nsp, &rel, &size)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", l.table, shape.WithDetail(err))
 	}
 	// Half the lead is left for the validation's scan: a second per
 	// moveScanRate bytes is plenty.
-	lead := max(cmp.Or(s.move.lead, defaultMoveLead), span, 2*time.Duration(size/moveScanRate)*time.Second)
+	lead := max(cmp.Or(l.move.Lead, defaultMoveLead), span, 2*time.Duration(size/moveScanRate)*time.Second)
 	spanSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, span.Microseconds())
 	leadSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, lead.Microseconds())
 	var at, dbNow time.Time
-	err = s.db.QueryRow(ctx, `SELECT pg_catalog.clock_timestamp(),
-pg_catalog.date_bin(`+spanSQL+`, pg_catalog.clock_timestamp() + `+leadSQL+`, `+partitionOrigin+`) + `+spanSQL).Scan(&dbNow, &at)
+	err = l.db.QueryRow(ctx, `SELECT pg_catalog.clock_timestamp(),
+pg_catalog.date_bin(`+spanSQL+`, pg_catalog.clock_timestamp() + `+leadSQL+`, `+Origin+`) + `+spanSQL).Scan(&dbNow, &at)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", l.table, shape.WithDetail(err))
 	}
 	// The swap must commit by then: the clock is the database's, the wait the
 	// client's.
@@ -121,11 +124,11 @@ IF EXISTS (SELECT FROM pg_catalog.pg_constraint WHERE conrelid OPERATOR(pg_catal
            AND conname OPERATOR(pg_catalog.=) '` + check + `') THEN
     ALTER TABLE ` + table + ` DROP CONSTRAINT ` + pgx.Identifier{check}.Sanitize() + `;
 END IF; END $pgdedup$`
-		if derr := s.moveStep(dctx, time.Now().Add(50*time.Second), drop); derr != nil {
+		if derr := l.moveStep(dctx, time.Now().Add(50*time.Second), drop); derr != nil {
 			return time.Time{}, fmt.Errorf("pgdedup: setup %s: %s: %w; and removing the check failed (%v): "+
-				"drop constraint %s before %s, when it would refuse claims", s.messages.table, step, err, derr, check, at.UTC().Format(time.RFC3339))
+				"drop constraint %s before %s, when it would refuse claims", l.table, step, err, derr, check, at.UTC().Format(time.RFC3339))
 		}
-		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %s (nothing changed; run Setup again): %w", s.messages.table, step, err)
+		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %s (nothing changed; run Setup again): %w", l.table, step, err)
 	}
 
 	// 1. The check, added (replacing one of an interrupted move) and validated.
@@ -143,8 +146,8 @@ BEGIN
         CHECK (processed_at >= ` + bound(legacyFrom) + ` AND processed_at < ` + bound(at) + `) NOT VALID;
 END
 $pgdedup$`
-	if err := s.moveStep(ctx, until, add); err != nil {
-		if code, _ := sqlState(err); code == "PGD04" {
+	if err := l.moveStep(ctx, until, add); err != nil {
+		if code, _ := shape.SQLState(err); code == "PGD04" {
 			return time.Time{}, nil // by another Setup since populatedPlain looked
 		}
 		return fail("add the check", err)
@@ -152,19 +155,19 @@ $pgdedup$`
 	// SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued: it may
 	// wait until the deadline (an autovacuum of the table yields to it).
 	validate := func() error {
-		return s.moveStep(ctx, until, `SELECT pg_catalog.set_config('lock_timeout', '`+
+		return l.moveStep(ctx, until, `SELECT pg_catalog.set_config('lock_timeout', '`+
 			fmt.Sprint(max(time.Until(until).Milliseconds(), 1))+`ms', true)`,
 			`ALTER TABLE `+table+` VALIDATE CONSTRAINT `+pgx.Identifier{check}.Sanitize())
 	}
 	err = validate()
-	if isCode(err, "23514") {
+	if shape.IsCode(err, "23514") {
 		// Rows outside the range, from before the check: moved into it.
-		if err = s.moveIntoRange(ctx, until, table, at); err == nil {
+		if err = l.moveIntoRange(ctx, until, table, at); err == nil {
 			err = validate()
 		}
 	}
 	if err != nil {
-		if code, _ := sqlState(err); code == "23514" {
+		if code, _ := shape.SQLState(err); code == "23514" {
 			err = fmt.Errorf("a row's processed_at is before %s or not before the switch at %s: %w",
 				legacyFrom.Format(time.DateOnly), at.UTC().Format(time.RFC3339), err)
 		}
@@ -172,10 +175,10 @@ $pgdedup$`
 	}
 
 	// 2. The swap. pgdedup_partitions is created in its transaction, or
-	// checked there (partition_trust.go), as are the names it takes.
+	// checked there (trust.go), as are the names it takes.
 	tOID := `'` + table + `'::pg_catalog.regclass::pg_catalog.oid`
 	nspOID := `(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) ` + tOID + `)`
-	keep, keepApply := keepObjectsSQL(tOID, table, s.partitionMeta)
+	keep, keepApply := keepObjectsSQL(tOID, table, l.meta)
 	swap := `DO $pgdedup$
 DECLARE
     acl pg_catalog.aclitem[];
@@ -185,7 +188,7 @@ DECLARE
     stmt pg_catalog.text;
 BEGIN
     LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE;
-` + partitionMetaSQL(s.partitionMeta, tOID) + refuseTakenSQL(nspOID, tOID, legacy) + fillKeyCheckSQL(nspOID, tOID) + `
+` + partitionMetaSQL(l.meta, tOID) + refuseTakenSQL(nspOID, tOID, legacy) + fillKeyCheckSQL(nspOID, tOID) + `
     IF pg_catalog.clock_timestamp() >= ` + bound(at.Add(-lead/2)) + ` THEN
         RAISE EXCEPTION USING ERRCODE = 'PGD02', MESSAGE = 'too close to the switch time';
     END IF;
@@ -200,22 +203,22 @@ BEGIN
     DROP TRIGGER IF EXISTS processed_messages_fill_key ON ` + pgx.Identifier{nsp, legacy}.Sanitize() + `;
     CREATE TRIGGER processed_messages_fill_key BEFORE INSERT ON ` + table + `
         FOR EACH ROW WHEN (NEW.key IS NULL) EXECUTE FUNCTION ` + pgx.Identifier{nsp, "pgdedup_fill_key"}.Sanitize() + `();
-` + regrantSQL(table, s.partitionMeta) + keepApply + `
+` + regrantSQL(table, l.meta) + keepApply + `
     ALTER TABLE ` + table + ` ATTACH PARTITION ` + pgx.Identifier{nsp, legacy}.Sanitize() + `
         FOR VALUES FROM (` + bound(legacyFrom) + `) TO (` + bound(at) + `);
     ALTER TABLE ` + pgx.Identifier{nsp, legacy}.Sanitize() + ` DROP CONSTRAINT ` + pgx.Identifier{check}.Sanitize() + `;
-    DELETE FROM ` + s.partitionMeta + ` m WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) m.parent::pg_catalog.oid);
-    INSERT INTO ` + s.partitionMeta + ` (parent, span, sealed) VALUES ('` + table + `'::pg_catalog.regclass, ` + spanSQL + `, ` + bound(at) + ` - ` + spanSQL + `);
+    DELETE FROM ` + l.meta + ` m WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) m.parent::pg_catalog.oid);
+    INSERT INTO ` + l.meta + ` (parent, span, sealed) VALUES ('` + table + `'::pg_catalog.regclass, ` + spanSQL + `, ` + bound(at) + ` - ` + spanSQL + `);
 END
 $pgdedup$`
-	if err := s.moveStep(ctx, until, swap); err != nil {
-		if code, _ := sqlState(err); code == "PGD02" {
+	if err := l.moveStep(ctx, until, swap); err != nil {
+		if code, _ := shape.SQLState(err); code == "PGD02" {
 			err = fmt.Errorf("the table was not locked in time (it must be %s before the switch at %s): %w", lead/2, at.UTC().Format(time.RFC3339), err)
 		}
 		return fail("swap in the partitioned table", err)
 	}
-	s.log.InfoContext(ctx, "pgdedup: moved the table to the partitioned layout: claims with the plain statement (releases before this one) must end by the switch",
-		"table", s.messages.table, "legacy_partition", legacy, "switch", at.UTC())
+	l.log.InfoContext(ctx, "pgdedup: moved the table to the partitioned layout: claims with the plain statement (releases before this one) must end by the switch",
+		"table", l.table, "legacy_partition", legacy, "switch", at.UTC())
 	return at, nil
 }
 
@@ -226,32 +229,32 @@ $pgdedup$`
 // clock, which is before at. Their IDs stay claimed, and such a row can no
 // longer hold the move off. The move's check, already in force, keeps new
 // ones out. Claims wait for no lock of this UPDATE (ROW EXCLUSIVE).
-func (s *Store) moveIntoRange(ctx context.Context, until time.Time, table string, at time.Time) error {
+func (l *Shape) moveIntoRange(ctx context.Context, until time.Time, table string, at time.Time) error {
 	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'::pg_catalog.timestamptz` }
-	err := s.moveStep(ctx, until, `UPDATE `+table+`
+	err := l.moveStep(ctx, until, `UPDATE `+table+`
 SET processed_at = LEAST(GREATEST(processed_at, `+bound(legacyFrom)+`), pg_catalog.clock_timestamp())
 WHERE processed_at < `+bound(legacyFrom)+` OR processed_at >= `+bound(at))
 	if err == nil {
-		s.log.WarnContext(ctx, "pgdedup: rows with a processed_at outside the legacy partition's range were given the move's time",
-			"table", s.messages.table, "switch", at.UTC())
+		l.log.WarnContext(ctx, "pgdedup: rows with a processed_at outside the legacy partition's range were given the move's time",
+			"table", l.table, "switch", at.UTC())
 	}
 	return err
 }
 
-// legacyFrom is partitionOrigin: the legacy partition's lower bound.
+// legacyFrom is Origin: the legacy partition's lower bound.
 var legacyFrom = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // populatedPlain reports whether the table is a plain table that holds rows:
 // two reads, no lock that claims wait for.
-func (s *Store) populatedPlain(ctx context.Context) (bool, error) {
+func (l *Shape) populatedPlain(ctx context.Context) (bool, error) {
 	var plain bool
-	err := s.db.QueryRow(ctx, `SELECT coalesce((SELECT relkind <> 'p' FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)), false)`,
-		s.messages.table).Scan(&plain)
+	err := l.db.QueryRow(ctx, `SELECT coalesce((SELECT relkind <> 'p' FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)), false)`,
+		l.table).Scan(&plain)
 	if err == nil && plain {
-		err = s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.messages.table+`)`).Scan(&plain)
+		err = l.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+l.table+`)`).Scan(&plain)
 	}
 	if err != nil {
-		return false, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
+		return false, fmt.Errorf("pgdedup: setup %s: %w", l.table, shape.WithDetail(err))
 	}
 	return plain, nil
 }
@@ -259,7 +262,7 @@ func (s *Store) populatedPlain(ctx context.Context) (bool, error) {
 // moveStep runs sqls in one transaction under moveLockTimeout (unless they
 // set another), again after
 // a pause while a lock was not available (or a deadlock), until until.
-func (s *Store) moveStep(ctx context.Context, until time.Time, sqls ...string) error {
+func (l *Shape) moveStep(ctx context.Context, until time.Time, sqls ...string) error {
 	for {
 		b := &pgx.Batch{}
 		b.Queue(`BEGIN`)
@@ -268,8 +271,8 @@ func (s *Store) moveStep(ctx context.Context, until time.Time, sqls ...string) e
 			b.Queue(q)
 		}
 		b.Queue(`COMMIT`)
-		err := s.db.SendBatch(ctx, b).Close()
-		code, _ := sqlState(err)
+		err := l.db.SendBatch(ctx, b).Close()
+		code, _ := shape.SQLState(err)
 		if err == nil || (code != "55P03" && code != "40P01") {
 			return err
 		}

@@ -1,4 +1,4 @@
-package pgdedup
+package citus
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // On a table Citus distributes, a claim whose transaction wrote to more than
@@ -23,7 +25,7 @@ import (
 // partition, miss it, and be processed a second time. (A transaction that
 // wrote to one node commits it before the coordinator's own commit.)
 //
-// So on Citus, once the claims' advisory locks are all free, sealing also
+// So, once the claims' advisory locks are all free, sealing also
 // lists the transactions prepared on every node of the cluster that hold a
 // lock on a shard of the table or of its partitions (shards are named after
 // them: the parent's name, cut as partitionName cuts it, is their prefix),
@@ -37,12 +39,13 @@ import (
 // distributed transactions, prepared for a moment all the time on a busy
 // cluster, are not waited for.
 
-// waitPrepared lists the prepared transactions holding a lock on the
-// table's shards on every node of the Citus cluster and waits up to d for
+// WaitPrepared lists the prepared transactions holding a lock on the
+// table's shards on every node of the Citus cluster. It waits up to d for
 // all of them to end, polling. It returns those still open when it gave up,
-// described for ErrCleanupStarved (a node it could not ask counts as one).
-func (s *Store) waitPrepared(ctx context.Context, st *partitionState, d time.Duration) (open []string, err error) {
-	listed, down, err := s.preparedOnNodes(ctx, st)
+// described for ErrCleanupStarved. A node it could not ask counts as one.
+// schema and name are the table's, unquoted.
+func (Partitioned) WaitPrepared(ctx context.Context, db shape.DB, table, schema, name string, d time.Duration) (open []string, err error) {
+	listed, down, err := preparedOnNodes(ctx, db, table, schema, name)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +60,7 @@ func (s *Store) waitPrepared(ctx context.Context, st *partitionState, d time.Dur
 		case <-time.After(pause):
 		}
 		var now []string
-		if now, down, err = s.preparedOnNodes(ctx, st); err != nil {
+		if now, down, err = preparedOnNodes(ctx, db, table, schema, name); err != nil {
 			return nil, err
 		}
 		// Those listed first and still there: a transaction prepared since
@@ -72,19 +75,19 @@ func (s *Store) waitPrepared(ctx context.Context, st *partitionState, d time.Dur
 // transaction GID on node N", and down: "node N did not answer: …" for each
 // node the coordinator could not ask. A shard is recognised by its name
 // (regclass text, unquoted: shards may be hidden from pg_class queries).
-func (s *Store) preparedOnNodes(ctx context.Context, st *partitionState) (prepared, down []string, err error) {
-	prefix := st.name
+func preparedOnNodes(ctx context.Context, db shape.DB, table, schema, name string) (prepared, down []string, err error) {
+	prefix := name
 	if len(prefix) > 30 {
 		prefix = prefix[:30] // as partitionName cuts it
 	}
 	like := func(p string) string { return strings.NewReplacer(`\`, `\\`, `"`, ``).Replace(p) + "%" }
-	rows, _ := s.db.Query(ctx, `SELECT nodeid, success, result FROM pg_catalog.run_command_on_all_nodes(pg_catalog.format(
+	rows, _ := db.Query(ctx, `SELECT nodeid, success, result FROM pg_catalog.run_command_on_all_nodes(pg_catalog.format(
 'SELECT coalesce(pg_catalog.json_agg(DISTINCT p.gid), ''[]'') FROM pg_catalog.pg_prepared_xacts p
 JOIN pg_catalog.pg_locks x ON x.locktype OPERATOR(pg_catalog.=) ''transactionid'' AND x.transactionid OPERATOR(pg_catalog.=) p.transaction AND x.pid IS NULL
 JOIN pg_catalog.pg_locks l ON l.virtualtransaction OPERATOR(pg_catalog.=) x.virtualtransaction
 WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND l.locktype OPERATOR(pg_catalog.=) ''relation''
 AND pg_catalog.replace(l.relation::pg_catalog.regclass::pg_catalog.text, ''"'', '''') LIKE ANY (ARRAY[%L, %L])', $1::text, $2::text))`,
-		like(st.schema+"."+prefix), like(prefix))
+		like(schema+"."+prefix), like(prefix))
 	var node int32
 	var ok bool
 	var result string
@@ -100,7 +103,16 @@ AND pg_catalog.replace(l.relation::pg_catalog.regclass::pg_catalog.text, ''"'', 
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("pgdedup: partitions of %s: list prepared transactions: %w", s.messages.table, withDetail(err))
+		return nil, nil, fmt.Errorf("pgdedup: partitions of %s: list prepared transactions: %w", table, shape.WithDetail(err))
 	}
 	return prepared, down, nil
+}
+
+// PreparedStarved is the error of sealing held up by prepared transactions,
+// due since due.
+func (Partitioned) PreparedStarved(table string, due time.Time, prepared []string) error {
+	return fmt.Errorf("%w: sealing the partitions of %s, due since %s, is held up by %s, which may hold a claim "+
+		"that two-phase commit has not finished on that node: Citus's recovery ends them (recover_prepared_transactions()); "+
+		"until they end, each claim inserts into one more partition per span",
+		shape.ErrCleanupStarved, table, due.UTC().Format(time.RFC3339), strings.Join(prepared, ", "))
 }

@@ -1,6 +1,6 @@
-package pgdedup
+package partitioned
 
-// What a table swap (setupSQL, and the online move in partition_move.go)
+// What a table swap (setupSQL, and the online move in move.go)
 // carries from the plain table to the partitioned one, besides its columns,
 // defaults, table grants and 00003's key trigger: row-level security (its
 // switch, FORCE and every policy) and column grants. A trigger of the

@@ -1,8 +1,10 @@
-package pgdedup
+package partitioned
 
 import (
 	"testing"
 	"time"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // The runway runs to the end of the unbroken partitions that hold now: a
@@ -10,7 +12,7 @@ import (
 func TestRunwayLeft(t *testing.T) {
 	now := time.Date(2026, 12, 4, 10, 30, 0, 0, time.UTC)
 	h := func(n int) time.Time { return time.Date(2026, 12, 4, n, 0, 0, 0, time.UTC) }
-	parts := []PartitionStats{{From: h(9), To: h(10)}, {From: h(10), To: h(11)}, {From: h(11), To: h(12)}, {From: h(13), To: h(14)}}
+	parts := []shape.PartitionSize{{From: h(9), To: h(10)}, {From: h(10), To: h(11)}, {From: h(11), To: h(12)}, {From: h(13), To: h(14)}}
 	if got := runwayLeft(parts, now); got != 90*time.Minute {
 		t.Errorf("runway with a gap at 12:00 = %s, want 1h30m", got)
 	}

@@ -1,4 +1,4 @@
-package pgdedup
+package partitioned
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // A partition is dropped in two steps, DETACH … CONCURRENTLY (or FINALIZE)
@@ -34,28 +36,28 @@ func detachMark(parent string, from, to time.Time) string {
 
 // markDetach puts detachMark on partition p before it is detached (COMMENT
 // takes SHARE UPDATE EXCLUSIVE on p only: claims go on).
-func (s *Store) markDetach(ctx context.Context, st *partitionState, p partitionInfo) error {
+func (l *Shape) markDetach(ctx context.Context, st *partitionState, p partitionInfo) error {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
-	b.Queue(`COMMENT ON TABLE ` + st.quoted(p.name) + ` IS ` + quoteLiteral(detachMark(st.name, p.from, p.to)))
+	b.Queue(`COMMENT ON TABLE ` + st.quoted(p.name) + ` IS ` + shape.QuoteLiteral(detachMark(st.name, p.from, p.to)))
 	b.Queue(`COMMIT`)
-	return s.db.SendBatch(ctx, b).Close()
+	return l.db.SendBatch(ctx, b).Close()
 }
 
 // dropOrphans drops the tables left detached by an interrupted Cleanup (see
 // above) and returns them, with their rows (PostgreSQL's estimates). A
 // table it cannot lock within lock_timeout is left to the next run.
-func (s *Store) dropOrphans(ctx context.Context, st *partitionState) (dropped []PartitionSpan, rows int64, err error) {
+func (l *Shape) dropOrphans(ctx context.Context, st *partitionState) (dropped []shape.Span, rows int64, err error) {
 	type orphan struct {
 		p    partitionInfo
 		mark string
 	}
 	var orphans []orphan
-	q, _ := s.db.Query(ctx, `SELECT c.relname::text, d.description, GREATEST(c.reltuples, 0)::bigint
+	q, _ := l.db.Query(ctx, `SELECT c.relname::text, d.description, GREATEST(c.reltuples, 0)::bigint
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_description d ON d.objoid = c.oid
 AND d.classoid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objsubid = 0
-WHERE c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = '`+s.messages.table+`'::pg_catalog.regclass)
+WHERE c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = '`+l.table+`'::pg_catalog.regclass)
 AND c.relkind = 'r' AND NOT c.relispartition AND d.description LIKE 'pgdedup: detached from %'
 ORDER BY 1`)
 	var o orphan
@@ -63,7 +65,7 @@ ORDER BY 1`)
 		orphans = append(orphans, o)
 		return nil
 	}); err != nil {
-		return nil, 0, fmt.Errorf("pgdedup: partitions of %s: find detached partitions: %w", s.messages.table, withDetail(err))
+		return nil, 0, fmt.Errorf("pgdedup: partitions of %s: find detached partitions: %w", l.table, shape.WithDetail(err))
 	}
 	for _, o := range orphans {
 		bounds := o.mark[strings.LastIndex(o.mark, "; it held ")+len("; it held "):]
@@ -74,25 +76,15 @@ ORDER BY 1`)
 			continue // not pgdedup's mark for this table
 		}
 		o.p.from, o.p.to = from, to
-		if err := s.dropDetached(ctx, st, o.p); err != nil {
-			if code, _ := sqlState(err); code == "55P03" {
-				s.log.InfoContext(ctx, "pgdedup: detached partition left to the next cleanup", "partition", o.p.name, "error", err)
+		if err := l.dropDetached(ctx, st, o.p); err != nil {
+			if code, _ := shape.SQLState(err); code == "55P03" {
+				l.log.InfoContext(ctx, "pgdedup: detached partition left to the next cleanup", "partition", o.p.name, "error", err)
 				continue
 			}
 			return dropped, rows, err
 		}
-		dropped = append(dropped, PartitionSpan{Name: o.p.name, From: from.UTC(), To: to.UTC()})
+		dropped = append(dropped, shape.Span{Name: o.p.name, From: from.UTC(), To: to.UTC()})
 		rows += o.p.rows
 	}
 	return dropped, rows, nil
-}
-
-// quoteLiteral quotes s as an SQL string literal, whatever
-// standard_conforming_strings is.
-func quoteLiteral(s string) string {
-	s = strings.ReplaceAll(s, `'`, `''`)
-	if strings.Contains(s, `\`) {
-		return `E'` + strings.ReplaceAll(s, `\`, `\\`) + `'`
-	}
-	return `'` + s + `'`
 }

@@ -1,4 +1,4 @@
-package pgdedup
+package partitioned
 
 import (
 	"cmp"
@@ -12,26 +12,26 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
-// Cleanup of the partitioned layout (partitioned.go): no DELETE. Each run
-// creates the partitions of the next spans, seals the partitions before the
-// current one, and detaches and drops the sealed partitions whose rows have
-// all expired. None of it takes a lock a claim waits for: CREATE TABLE of a
-// partition and its indexes lock only the new table, ATTACH and DETACH …
-// CONCURRENTLY take SHARE UPDATE EXCLUSIVE on the parent (claims take ROW
-// EXCLUSIVE, which it does not conflict with), and DROP TABLE locks only the
-// detached partition, which no claim reads any more. On Citus, which refuses
-// DETACH … CONCURRENTLY, the plain DETACH holds claims up to its lock
-// timeout per node (detachCitus).
+// Cleanup of the partitioned shape deletes no rows. Each run creates the
+// partitions of the next spans and seals the partitions before the current
+// one. It detaches and drops the sealed partitions whose rows have all
+// expired. None of it takes a lock a claim waits for. CREATE TABLE of a
+// partition and its indexes lock only the new table. ATTACH and DETACH …
+// CONCURRENTLY take SHARE UPDATE EXCLUSIVE on the parent, which does not
+// conflict with the ROW EXCLUSIVE of claims. DROP TABLE locks only the
+// detached partition, which no claim reads any more. A placement that
+// distributes the table detaches in its own way (Placement.Detach).
 
-// partitionsAhead is how many partitions after the current one Cleanup keeps
-// created: claims fail (no partition for their time) if no Cleanup runs for
-// that many spans. Every partition that exists is locked by every claim's
-// look-up (PostgreSQL locks all partitions of a generic plan), so the count
-// is kept small.
-const partitionsAhead = 3
+// Ahead is how many partitions after the current one Cleanup keeps created.
+// Claims fail (no partition for their time) if no Cleanup runs for that
+// many spans. Every claim's look-up locks every partition that exists
+// (PostgreSQL locks all partitions of a generic plan). So the count is kept
+// small.
+const Ahead = 3
 
 // defaultSealWait is how long one Cleanup waits for the transactions that
 // hold a lock on the table to end before it seals; if some are still open,
@@ -42,14 +42,18 @@ const (
 	defaultDetachWait = 5 * time.Second
 )
 
-// partitionWaits are a Store's sealWait and detachWait (zero: the
-// defaults), and detached, which tests set to interrupt a Cleanup between
-// a detach and its DROP TABLE: called with the partition's name. noCarry,
-// set by tests, keeps partitions with live rows instead of carrying them.
-type partitionWaits struct {
-	seal, detach time.Duration
-	detached     func(partition string)
-	noCarry      bool
+// Waits are a Store's waits of its cleanup, which tests set. Zero waits
+// are the defaults.
+type Waits struct {
+	// Seal bounds the wait for old transactions before sealing.
+	Seal time.Duration
+	// Detach bounds one DETACH … CONCURRENTLY.
+	Detach time.Duration
+	// Detached is called with a partition's name between its detach and
+	// its DROP TABLE. Tests interrupt a Cleanup there.
+	Detached func(partition string)
+	// NoCarry keeps partitions with live rows instead of carrying them.
+	NoCarry bool
 }
 
 // partitionState is the table's row in pgdedup_partitions and its
@@ -61,8 +65,7 @@ type partitionState struct {
 	schema      string    // the parent's schema and name
 	name        string
 	parts       []partitionInfo // by start
-	citus       bool            // Citus is installed
-	distributed string          // the column Citus distributes the table by, or ""
+	distributed string          // the column that distributes the table, or ""
 }
 
 // partitionInfo is one partition of the table.
@@ -73,7 +76,7 @@ type partitionInfo struct {
 	to      time.Time
 	pending bool  // DETACH … CONCURRENTLY interrupted: FINALIZE is left
 	rows    int64 // PostgreSQL's estimate (pg_class.reltuples)
-	carried bool  // its live rows were copied to a newer partition (partition_carry.go)
+	carried bool  // its live rows were copied to a newer partition (carry.go)
 }
 
 func (st *partitionState) quoted(name string) string {
@@ -81,89 +84,85 @@ func (st *partitionState) quoted(name string) string {
 }
 
 // readPartitions reads the table's partitioning.
-func (s *Store) readPartitions(ctx context.Context) (*partitionState, error) {
-	if err := s.checkPartitionMeta(ctx); err != nil {
+func (l *Shape) readPartitions(ctx context.Context) (*partitionState, error) {
+	if err := l.checkPartitionMeta(ctx); err != nil {
 		return nil, err
 	}
 	st := &partitionState{}
-	err := s.db.QueryRow(ctx, `SELECT p.span, p.sealed, pg_catalog.date_bin(p.span, pg_catalog.clock_timestamp(), `+partitionOrigin+`),
+	err := l.db.QueryRow(ctx, `SELECT p.span, p.sealed, pg_catalog.date_bin(p.span, pg_catalog.clock_timestamp(), `+Origin+`),
 n.nspname::text, c.relname::text
-FROM `+s.partitionMeta+` p JOIN pg_catalog.pg_class c ON c.oid = p.parent::pg_catalog.oid
+FROM `+l.meta+` p JOIN pg_catalog.pg_class c ON c.oid = p.parent::pg_catalog.oid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE p.parent = '`+s.messages.table+`'::pg_catalog.regclass`).Scan(&st.span, &st.sealed, &st.current, &st.schema, &st.name)
+WHERE p.parent = '`+l.table+`'::pg_catalog.regclass`).Scan(&st.span, &st.sealed, &st.current, &st.schema, &st.name)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("pgdedup: %s is partitioned but %s has no row for it: run Store.Setup", s.messages.table, s.partitionMeta)
+		return nil, fmt.Errorf("pgdedup: %s is partitioned but %s has no row for it: run Store.Setup", l.table, l.meta)
 	}
 	if err == nil {
-		err = s.db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&st.citus)
-	}
-	if err == nil && st.citus {
-		err = s.db.QueryRow(ctx, `SELECT coalesce((SELECT pg_catalog.column_to_column_name(logicalrelid, partkey)
-FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::pg_catalog.regclass), '')`, s.messages.table).Scan(&st.distributed)
+		st.distributed, err = l.Distribution(ctx, l.db, l.table)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("pgdedup: read the partitioning of %s: %w", s.messages.table, withDetail(err))
+		return nil, fmt.Errorf("pgdedup: read the partitioning of %s: %w", l.table, shape.WithDetail(err))
 	}
-	rows, _ := s.db.Query(ctx, `SELECT c.oid, c.relname::text, i.inhdetachpending, b.m[1]::pg_catalog.timestamptz, b.m[2]::pg_catalog.timestamptz,
+	rows, _ := l.db.Query(ctx, `SELECT c.oid, c.relname::text, i.inhdetachpending, b.m[1]::pg_catalog.timestamptz, b.m[2]::pg_catalog.timestamptz,
 GREATEST(c.reltuples, 0)::bigint
 FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
 CROSS JOIN LATERAL pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
   'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS b(m)
-WHERE i.inhparent = '`+s.messages.table+`'::pg_catalog.regclass ORDER BY 4`)
+WHERE i.inhparent = '`+l.table+`'::pg_catalog.regclass ORDER BY 4`)
 	var p partitionInfo
 	_, err = pgx.ForEachRow(rows, []any{&p.oid, &p.name, &p.pending, &p.from, &p.to, &p.rows}, func() error {
 		st.parts = append(st.parts, p)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pgdedup: read the partitions of %s: %w", s.messages.table, withDetail(err))
+		return nil, fmt.Errorf("pgdedup: read the partitions of %s: %w", l.table, shape.WithDetail(err))
 	}
 	return st, nil
 }
 
-// cleanupPartitioned is Cleanup on the partitioned layout; deleted is the
-// rows of the partitions it dropped (PostgreSQL's estimates). It sets e's
-// Created and Dropped.
-func (s *Store) cleanupPartitioned(ctx context.Context, e *Event) (deleted int64, skipped bool, err error) {
-	e.Created, e.Dropped = []PartitionSpan{}, []PartitionSpan{}
-	created, err := s.createPartitions(ctx, 0)
+// Cleanup is Store.Cleanup on the partitioned shape. deleted is the rows of
+// the partitions it dropped (PostgreSQL's estimates). It sets e's Created
+// and Dropped.
+func (l *Shape) Cleanup(ctx context.Context, e *shape.Report) (deleted int64, skipped bool, err error) {
+	e.Created, e.Dropped = []shape.Span{}, []shape.Span{}
+	created, err := l.createPartitions(ctx, 0)
 	e.Created = append(e.Created, created...)
 	// Starved creation, like starved sealing, is reported once the rest is
 	// done.
 	var starved error
-	if errors.Is(err, ErrCleanupStarved) {
+	if errors.Is(err, shape.ErrCleanupStarved) {
 		starved, err = err, nil
 	}
 	if err != nil {
 		return 0, false, err
 	}
-	st, err := s.readPartitions(ctx)
+	st, err := l.readPartitions(ctx)
 	if err != nil {
 		return 0, false, err
 	}
-	sealedBefore, waiting, err := s.sealPartitions(ctx, st)
+	sealedBefore, waiting, err := l.sealPartitions(ctx, st)
 	// Starved sealing is reported once the rest is done.
-	if errors.Is(err, ErrCleanupStarved) {
+	if errors.Is(err, shape.ErrCleanupStarved) {
 		starved, err = errors.Join(starved, err), nil
 	}
 	if err != nil {
 		return 0, false, err
 	}
-	dropped, deleted, err := s.dropOrphans(ctx, st)
+	dropped, deleted, err := l.dropOrphans(ctx, st)
 	if err == nil {
-		var more []PartitionSpan
+		var more []shape.Span
 		var rows int64
-		more, rows, err = s.dropPartitions(ctx, st)
+		more, rows, err = l.dropPartitions(ctx, st)
 		dropped, deleted = append(dropped, more...), deleted+rows
 	}
 	e.Dropped = append(e.Dropped, dropped...)
-	s.log.InfoContext(ctx, "pgdedup: partitions", "table", s.messages.table, "created", spanNames(created),
+	l.log.InfoContext(ctx, "pgdedup: partitions", "table", l.table, "created", spanNames(created),
 		"sealed_before", sealedBefore.UTC(), "seal_waits_for", waiting, "dropped", spanNames(dropped), "rows_dropped", deleted)
 	return deleted, false, errors.Join(err, starved)
 }
 
 // spanNames are the names of ps, for logs.
-func spanNames(ps []PartitionSpan) []string {
+func spanNames(ps []shape.Span) []string {
 	names := make([]string, len(ps))
 	for i, p := range ps {
 		names[i] = p.Name
@@ -198,7 +197,7 @@ func shortPrefix(parent string) string {
 // partitionNameV1 is the name releases before the hash gave the partition
 // starting at from (the parent's name cut to 30 bytes). Such partitions are
 // found through pg_inherits and work as any; only the orphan check
-// (partition_orphans.go) looks at their names.
+// (orphans.go) looks at their names.
 func partitionNameV1(parent string, from time.Time) string {
 	if len(parent) <= 30 {
 		return partitionName(parent, from)
@@ -207,32 +206,32 @@ func partitionNameV1(parent string, from time.Time) string {
 }
 
 // createPartitions creates the partitions from the current one to
-// partitionsAhead after it that are missing (and, given back, one covering
+// Ahead after it that are missing (and, given back, one covering
 // back before the current one if none is older), each as a table of its own with
 // its unique index on key and index on expires_at, then attached, each in a
 // transaction of its own. It returns the partitions it created, oldest
-// first, and an error wrapping ErrCleanupStarved if a lock held some up.
-func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]PartitionSpan, error) {
-	st, err := s.readPartitions(ctx)
+// first, and an error wrapping shape.ErrCleanupStarved if a lock held some up.
+func (l *Shape) createPartitions(ctx context.Context, back time.Duration) ([]shape.Span, error) {
+	st, err := l.readPartitions(ctx)
 	if err != nil {
 		return nil, err
 	}
 	// A partition may span several spans (the legacy partition of a moved
-	// table, partition_move.go): nothing may overlap it.
+	// table, move.go): nothing may overlap it.
 	covered := func(from time.Time) bool {
 		return slices.ContainsFunc(st.parts, func(p partitionInfo) bool { return !from.Before(p.from) && from.Before(p.to) })
 	}
-	var created []PartitionSpan
+	var created []shape.Span
 	// One partition for the past (back, in whole spans), when there is none:
 	// for IDs imported with their times. Sealed from the start.
 	if back > 0 && (len(st.parts) == 0 || !st.parts[0].from.Before(st.current)) {
 		from := st.current.Add(-(back + st.span - 1) / st.span * st.span)
-		created = append(created, PartitionSpan{Name: partitionName(st.name, from), From: from.UTC(), To: st.current.UTC()})
+		created = append(created, shape.Span{Name: partitionName(st.name, from), From: from.UTC(), To: st.current.UTC()})
 	}
-	for k := range partitionsAhead + 1 {
+	for k := range Ahead + 1 {
 		from := st.current.Add(time.Duration(k) * st.span)
 		if !covered(from) {
-			created = append(created, PartitionSpan{Name: partitionName(st.name, from), From: from.UTC(), To: from.Add(st.span).UTC()})
+			created = append(created, shape.Span{Name: partitionName(st.name, from), From: from.UTC(), To: from.Add(st.span).UTC()})
 		}
 	}
 	if len(created) == 0 {
@@ -244,19 +243,19 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 	made := created[:0]
 	var blocked []string
 	for i, p := range created {
-		mine, err := s.createPartition(ctx, st, p)
+		mine, err := l.createPartition(ctx, st, p)
 		switch {
-		case isCode(err, "55P03") && s.cleanerCreating(ctx):
+		case shape.IsCode(err, "55P03") && l.cleanerCreating(ctx):
 			// Another cleaner holds the lock to create partitions: it
 			// creates the rest (and reports it if it is held up itself).
 			return made, nil
-		case isCode(err, "55P03"):
+		case shape.IsCode(err, "55P03"):
 			// The rest would wait for the same lock.
 			for _, q := range created[i:] {
 				blocked = append(blocked, q.Name)
 			}
 		case err != nil:
-			return made, fmt.Errorf("pgdedup: create partition %s of %s: %w", p.Name, s.messages.table, withDetail(err))
+			return made, fmt.Errorf("pgdedup: create partition %s of %s: %w", p.Name, l.table, shape.WithDetail(err))
 		case mine:
 			made = append(made, p)
 		}
@@ -265,7 +264,7 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 		}
 	}
 	if len(blocked) > 0 {
-		return made, s.creationStarved(ctx, st, made, blocked)
+		return made, l.creationStarved(ctx, st, made, blocked)
 	}
 	return made, nil
 }
@@ -274,8 +273,8 @@ func (s *Store) createPartitions(ctx context.Context, back time.Duration) ([]Par
 // second longer than another cleaner's detach may hold it (detachWait), so
 // that only a session holding it longer makes Cleanup starved. Claims do not
 // wait behind it (SHARE UPDATE EXCLUSIVE).
-func (s *Store) createLockTimeout() time.Duration {
-	return cmp.Or(s.waits.detach, defaultDetachWait) + time.Second
+func (l *Shape) createLockTimeout() time.Duration {
+	return cmp.Or(l.waits.Detach, defaultDetachWait) + time.Second
 }
 
 // partitionCreatedSetting is set, until the transaction that created a
@@ -286,18 +285,18 @@ const partitionCreatedSetting = "pgdedup.partition_created"
 // createPartitionSQL) and reports whether this call created it (false: it
 // was there, checked). It tries again when another session created the
 // same name at the same time (duplicate errors), or on a deadlock.
-func (s *Store) createPartition(ctx context.Context, st *partitionState, p PartitionSpan) (mine bool, err error) {
+func (l *Shape) createPartition(ctx context.Context, st *partitionState, p shape.Span) (mine bool, err error) {
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
 		b.Queue(`BEGIN`)
-		b.Queue(fmt.Sprintf(`SELECT pg_catalog.set_config('lock_timeout', '%dms', true)`, s.createLockTimeout().Milliseconds()))
-		b.Queue(createPartitionSQL(s.messages.table, st, p.Name, p.From, p.To))
+		b.Queue(fmt.Sprintf(`SELECT pg_catalog.set_config('lock_timeout', '%dms', true)`, l.createLockTimeout().Milliseconds()))
+		b.Queue(l.createPartitionSQL(st, p.Name, p.From, p.To))
 		b.Queue(`SELECT coalesce(pg_catalog.current_setting('` + partitionCreatedSetting + `', true), '') = 'true'`).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&mine)
 		})
 		b.Queue(`COMMIT`)
-		err = s.db.SendBatch(ctx, b).Close()
-		if try >= 3 || !(isCode(err, "42P07") || isCode(err, "23505") || isCode(err, "42710") || isCode(err, "40P01")) {
+		err = l.db.SendBatch(ctx, b).Close()
+		if try >= 3 || !(shape.IsCode(err, "42P07") || shape.IsCode(err, "23505") || shape.IsCode(err, "42710") || shape.IsCode(err, "40P01")) {
 			return mine && err == nil, err
 		}
 	}
@@ -313,9 +312,10 @@ func (s *Store) createPartition(ctx context.Context, st *partitionState, p Parti
 // that may change the table's rows can take it), and the cleaners'
 // advisory lock if it is free, only so that sealing does not wait for it
 // (waitLockers): whoever holds that does not hold creation up.
-func createPartitionSQL(parent string, st *partitionState, name string, from, to time.Time) string {
-	q := st.quoted(name)
-	// Citus wants the distribution column in every unique index.
+func (l *Shape) createPartitionSQL(st *partitionState, name string, from, to time.Time) string {
+	parent, q := l.table, st.quoted(name)
+	// A distributed table wants its distribution column in every unique
+	// index.
 	unique, columns := "key", []string{"key"}
 	if st.distributed != "" && st.distributed != "key" {
 		unique += ", " + pgx.Identifier{st.distributed}.Sanitize()
@@ -325,10 +325,7 @@ func createPartitionSQL(parent string, st *partitionState, name string, from, to
 	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'` }
 	lock := `LOCK TABLE ONLY ` + parent + ` IN SHARE UPDATE EXCLUSIVE MODE`
 	if st.distributed != "" {
-		// On the coordinator only, where cleaners run: Citus's LOCK TABLE
-		// locks every shard of every partition on every node (a third of a
-		// second per partition created). It checks the same privileges.
-		lock = `PERFORM pg_catalog.lock_relation_if_exists(` + quoteLiteral(parent) + `, 'SHARE UPDATE EXCLUSIVE')`
+		lock = l.AttachLock(parent)
 	}
 	return `DO $pgdedup$
 DECLARE
@@ -338,7 +335,7 @@ BEGIN
     -- partition at a time, and the next one finds it attached. Claims take
     -- ROW EXCLUSIVE, which it does not conflict with.
     ` + lock + `;
-    PERFORM pg_catalog.pg_try_advisory_xact_lock(` + cleanupLockClass + `, ` + t + `::pg_catalog.int4);
+    PERFORM pg_catalog.pg_try_advisory_xact_lock(` + shape.CleanupLockClass + `, ` + t + `::pg_catalog.int4);
 ` + checkPartitionSQL(t, name, columns...) +
 		refuseTakenSQL(`(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) `+t+`)`, t, name, name+"_key", name+"_exp") + `
     CREATE TABLE ` + q + ` (LIKE ` + parent + ` INCLUDING DEFAULTS);
@@ -350,16 +347,6 @@ END
 $pgdedup$`
 }
 
-// exec runs one statement and discards its rows.
-func (s *Store) exec(ctx context.Context, sql string, args ...any) error {
-	rows, err := s.db.Query(ctx, sql, args...)
-	if err != nil {
-		return err
-	}
-	rows.Close()
-	return rows.Err()
-}
-
 // sealPartitions seals every partition before the current one: it lists the
 // transactions holding a lock on the table now (after the current partition
 // began: st.current was read before), waits up to sealWait for all of them to
@@ -367,30 +354,30 @@ func (s *Store) exec(ctx context.Context, sql string, args ...any) error {
 // chose an older partition as its current one read the clock while holding
 // its lock on the table, so it was listed, or had ended before the list was
 // taken. It returns where sealed stands, and how many listed transactions
-// were still open if it gave up; err wraps ErrCleanupStarved if sealing is
-// held up for too long (partition_starved.go).
-func (s *Store) sealPartitions(ctx context.Context, st *partitionState) (sealed time.Time, waiting int, err error) {
+// were still open if it gave up; err wraps shape.ErrCleanupStarved if sealing is
+// held up for too long (starved.go).
+func (l *Shape) sealPartitions(ctx context.Context, st *partitionState) (sealed time.Time, waiting int, err error) {
 	if !st.sealed.Before(st.current) {
 		return st.sealed, 0, nil
 	}
-	wait := cmp.Or(s.waits.seal, boundedWait(defaultSealWait, st.span))
+	wait := cmp.Or(l.waits.Seal, boundedWait(defaultSealWait, st.span))
 	deadline := time.Now().Add(wait)
-	open, err := s.waitLockers(ctx, wait)
-	var prepared []string // Citus: see partition_prepared.go
+	open, err := l.waitLockers(ctx, wait)
+	var prepared []string // see Placement.WaitPrepared
 	if err == nil && len(open) == 0 && st.distributed != "" {
-		prepared, err = s.waitPrepared(ctx, st, max(time.Until(deadline), 0))
+		prepared, err = l.WaitPrepared(ctx, l.db, l.table, st.schema, st.name, max(time.Until(deadline), 0))
 	}
 	if waiting = len(open) + len(prepared); err != nil || waiting > 0 {
 		if err == nil {
-			s.log.InfoContext(ctx, "pgdedup: sealing waits for transactions", "table", s.messages.table, "open", waiting)
-			err = s.sealStarved(ctx, st, open, prepared)
+			l.log.InfoContext(ctx, "pgdedup: sealing waits for transactions", "table", l.table, "open", waiting)
+			err = l.sealStarved(ctx, st, open, prepared)
 		}
 		return st.sealed, waiting, err
 	}
-	err = s.exec(ctx, `UPDATE `+s.partitionMeta+` SET sealed = $1
-WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.current)
+	err = shape.Exec(ctx, l.db, `UPDATE `+l.meta+` SET sealed = $1
+WHERE parent = '`+l.table+`'::pg_catalog.regclass AND sealed < $1`, st.current)
 	if err != nil {
-		return st.sealed, 0, fmt.Errorf("pgdedup: seal partitions of %s: %w", s.messages.table, withDetail(err))
+		return st.sealed, 0, fmt.Errorf("pgdedup: seal partitions of %s: %w", l.table, shape.WithDetail(err))
 	}
 	st.sealed = st.current
 	return st.sealed, 0, nil
@@ -399,30 +386,30 @@ WHERE parent = '`+s.messages.table+`'::pg_catalog.regclass AND sealed < $1`, st.
 // waitLockers lists the transactions holding a lock on the table now and
 // waits up to d for all of them to end, polling pg_locks (it holds no lock
 // itself). It returns those still open when it gave up (virtualtransaction).
-func (s *Store) waitLockers(ctx context.Context, d time.Duration) (open []string, err error) {
-	// A lock on the table in a mode claims take, or a claim's advisory lock on
-	// Citus (see partitionClaimLockClass); not a cleaner creating partitions
-	// (it holds the cleaners' advisory lock when it is free, as a mark: see
-	// createPartitionSQL), which on Citus takes long enough to hold sealing
-	// up.
-	oid := `'` + s.messages.table + `'::pg_catalog.regclass::pg_catalog.oid`
+func (l *Shape) waitLockers(ctx context.Context, d time.Duration) (open []string, err error) {
+	// A lock on the table in a mode claims take counts, and so does a
+	// claim's advisory lock (see ClaimLockClass). A cleaner creating
+	// partitions does not. It holds the cleaners' advisory lock when it is
+	// free, as a mark (see createPartitionSQL). On a distributed table it
+	// takes long enough to hold sealing up.
+	oid := `'` + l.table + `'::pg_catalog.regclass::pg_catalog.oid`
 	from := `FROM pg_catalog.pg_locks WHERE database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
 AND virtualtransaction NOT IN (SELECT virtualtransaction FROM pg_catalog.pg_locks WHERE locktype = 'advisory'
-AND classid = ` + cleanupLockClass + `::pg_catalog.oid AND objid = ` + oid + ` AND objsubid = 2 AND mode = 'ExclusiveLock')
+AND classid = ` + shape.CleanupLockClass + `::pg_catalog.oid AND objid = ` + oid + ` AND objsubid = 2 AND mode = 'ExclusiveLock')
 AND (locktype = 'relation' AND relation = ` + oid + `
 AND mode IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock')
-OR locktype = 'advisory' AND classid = ` + partitionClaimLockClass + `::pg_catalog.oid
+OR locktype = 'advisory' AND classid = ` + ClaimLockClass + `::pg_catalog.oid
 AND objid = ` + oid + ` AND objsubid = 2)`
 	var listed []string
-	if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
+	if err := l.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
 		` AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()`).Scan(&listed); err != nil {
-		return nil, fmt.Errorf("pgdedup: partitions of %s: list transactions: %w", s.messages.table, withDetail(err))
+		return nil, fmt.Errorf("pgdedup: partitions of %s: list transactions: %w", l.table, shape.WithDetail(err))
 	}
 	deadline := time.Now().Add(d)
 	for pause := time.Millisecond; len(listed) > 0; pause = min(2*pause, 100*time.Millisecond) {
-		if err := s.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
+		if err := l.db.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(DISTINCT virtualtransaction), '{}') `+from+
 			` AND virtualtransaction = ANY ($1::text[])`, listed).Scan(&listed); err != nil {
-			return nil, fmt.Errorf("pgdedup: partitions of %s: wait for transactions: %w", s.messages.table, withDetail(err))
+			return nil, fmt.Errorf("pgdedup: partitions of %s: wait for transactions: %w", l.table, shape.WithDetail(err))
 		}
 		if len(listed) == 0 || time.Now().After(deadline) {
 			return listed, nil
@@ -445,7 +432,7 @@ AND objid = ` + oid + ` AND objsubid = 2)`
 // longer than detachWait for old transactions is cancelled and left to the
 // next run. It returns the partitions it dropped and their rows
 // (PostgreSQL's estimates).
-func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped []PartitionSpan, rows int64, err error) {
+func (l *Shape) dropPartitions(ctx context.Context, st *partitionState) (dropped []shape.Span, rows int64, err error) {
 	parts := slices.Clone(st.parts)
 	slices.SortStableFunc(parts, func(a, b partitionInfo) int {
 		if a.pending != b.pending {
@@ -459,28 +446,28 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 	for _, p := range parts {
 		// Sealed, and a Retention (this Store's) past its end: before that
 		// it may hold IDs imported with their times, or rows to come.
-		if p.to.After(st.sealed) || p.to.Add(s.cfg.Retention).After(st.current) {
+		if p.to.After(st.sealed) || p.to.Add(l.retention).After(st.current) {
 			break
 		}
 		if !p.pending {
-			if keep, err := s.carryLive(ctx, st, &p); err != nil {
+			if keep, err := l.carryLive(ctx, st, &p); err != nil {
 				return dropped, rows, err
 			} else if keep {
 				continue
 			}
 		}
-		mine, done, err := s.detachPartition(ctx, st, p)
+		mine, done, err := l.detachPartition(ctx, st, p)
 		if err != nil || done {
 			return dropped, rows, err
 		}
-		if s.waits.detached != nil && mine {
-			s.waits.detached(p.name)
+		if l.waits.Detached != nil && mine {
+			l.waits.Detached(p.name)
 		}
-		if err := s.dropDetached(ctx, st, p); err != nil {
+		if err := l.dropDetached(ctx, st, p); err != nil {
 			return dropped, rows, err
 		}
 		if mine {
-			dropped = append(dropped, PartitionSpan{Name: p.name, From: p.from.UTC(), To: p.to.UTC()})
+			dropped = append(dropped, shape.Span{Name: p.name, From: p.from.UTC(), To: p.to.UTC()})
 			rows += p.rows
 		}
 	}
@@ -491,40 +478,40 @@ func (s *Store) dropPartitions(ctx context.Context, st *partitionState) (dropped
 // pending. mine: this run detached it (not another cleaner). done: this run
 // goes no further (a live row in p, old transactions still open, or the
 // detach cut short), which err says only if it is an error.
-func (s *Store) detachPartition(ctx context.Context, st *partitionState, p partitionInfo) (mine, done bool, err error) {
+func (l *Shape) detachPartition(ctx context.Context, st *partitionState, p partitionInfo) (mine, done bool, err error) {
 	q := st.quoted(p.name)
-	wait := cmp.Or(s.waits.detach, boundedWait(defaultDetachWait, st.span))
-	detach := `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` FINALIZE`
+	wait := cmp.Or(l.waits.Detach, boundedWait(defaultDetachWait, st.span))
+	detach := `ALTER TABLE ` + l.table + ` DETACH PARTITION ` + q + ` FINALIZE`
 	if p.pending {
 		// FINALIZE locks the partition before it waits for the transactions
 		// that may still read it, which then deadlock with it: let them end
 		// first. Later ones never see the partition.
-		open, err := s.waitLockers(ctx, wait)
+		open, err := l.waitLockers(ctx, wait)
 		if err != nil || len(open) > 0 {
-			s.log.InfoContext(ctx, "pgdedup: detach waits for transactions", "partition", p.name, "open", len(open))
+			l.log.InfoContext(ctx, "pgdedup: detach waits for transactions", "partition", p.name, "open", len(open))
 			return false, true, err
 		}
 	} else {
 		var live bool
-		if err := s.db.QueryRow(ctx, liveSQL(st, s.messages.table, p)).Scan(&live); err != nil {
-			return false, true, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, withDetail(err))
+		if err := l.db.QueryRow(ctx, liveSQL(st, l.table, p)).Scan(&live); err != nil {
+			return false, true, fmt.Errorf("pgdedup: drop partition %s: %w", p.name, shape.WithDetail(err))
 		}
 		if live {
 			return false, true, nil
 		}
-		detach = `ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
+		detach = `ALTER TABLE ` + l.table + ` DETACH PARTITION ` + q + ` CONCURRENTLY`
 	}
 	// Marked first, so that a run stopped before its DROP TABLE leaves a
-	// table the next one recognizes (partition_orphans.go).
-	err = s.markDetach(ctx, st, p)
+	// table the next one recognizes (orphans.go).
+	err = l.markDetach(ctx, st, p)
 	switch {
 	case err != nil:
 	case st.distributed != "":
-		err = s.detachCitus(ctx, st, p)
+		err = l.Detach(ctx, l.db, l.table, q)
 	default:
-		err = s.execAlone(ctx, wait, detach)
+		err = l.execAlone(ctx, wait, detach)
 	}
-	switch code, _ := sqlState(err); {
+	switch code, _ := shape.SQLState(err); {
 	case err == nil:
 		return true, false, nil
 	case code == "42P01":
@@ -532,72 +519,44 @@ func (s *Store) detachPartition(ctx context.Context, st *partitionState, p parti
 	case code == "57014" || code == "55P03" || code == "55000" || code == "40P01":
 		// Cancelled after the detach wait, the lock wait over, or another
 		// cleaner's detach pending: the next run goes on.
-		s.log.InfoContext(ctx, "pgdedup: detach left to the next cleanup", "partition", p.name, "error", err)
+		l.log.InfoContext(ctx, "pgdedup: detach left to the next cleanup", "partition", p.name, "error", err)
 		return false, true, ctx.Err()
 	default:
-		return false, true, fmt.Errorf("pgdedup: detach partition %s: %w", p.name, withDetail(err))
+		return false, true, fmt.Errorf("pgdedup: detach partition %s: %w", p.name, shape.WithDetail(err))
 	}
 }
 
-// citusDetachLockTimeout bounds how long a DETACH on Citus waits for each
-// lock it takes; claims queue behind it meanwhile.
-const citusDetachLockTimeout = 500 * time.Millisecond
-
-// detachCitus detaches p from a table Citus distributes, which refuses
-// DETACH … CONCURRENTLY: a plain DETACH, which takes ACCESS EXCLUSIVE on the
-// parent, on the coordinator and then on the workers' shards. Every lock it
-// waits for is bounded by citusDetachLockTimeout (SET LOCAL, which Citus
-// passes on to the workers), so a claim waits at most that long per node
-// behind it, plus the detach itself (catalog changes only). Given up, the
-// next run tries again.
-func (s *Store) detachCitus(ctx context.Context, st *partitionState, p partitionInfo) error {
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
-	b.Queue(`SELECT pg_catalog.set_config('citus.propagate_set_commands', 'local', true)`)
-	b.Queue(fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, citusDetachLockTimeout.Milliseconds()))
-	b.Queue(`ALTER TABLE ` + s.messages.table + ` DETACH PARTITION ` + st.quoted(p.name))
-	b.Queue(`COMMIT`)
-	return s.db.SendBatch(ctx, b).Close()
-}
-
 // dropDetached drops p once detached, waiting for its lock at most 2s.
-func (s *Store) dropDetached(ctx context.Context, st *partitionState, p partitionInfo) error {
+func (l *Shape) dropDetached(ctx context.Context, st *partitionState, p partitionInfo) error {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', '2s', true)`)
 	b.Queue(`DROP TABLE IF EXISTS ` + st.quoted(p.name))
 	b.Queue(`COMMIT`)
-	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("pgdedup: drop detached partition %s: %w", p.name, withDetail(err))
+	if err := l.db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("pgdedup: drop detached partition %s: %w", p.name, shape.WithDetail(err))
 	}
 	return nil
 }
 
-// execAlone runs sql as a statement of its own (DETACH … CONCURRENTLY may
-// not run in a transaction block) and cancels it on the server after d. On
-// a pool the connection used is closed if the cancel was sent, so that a
+// execAlone runs sql as a statement of its own and cancels it on the
+// server after d. DETACH … CONCURRENTLY may not run in a transaction block.
+// On a pool the connection used is closed if the cancel was sent. So a
 // late cancel cannot hit the next statement.
-func (s *Store) execAlone(ctx context.Context, d time.Duration, sql string) error {
-	var conn *pgx.Conn
-	switch db := s.db.(type) {
-	case *pgxpool.Pool:
-		c, err := db.Acquire(ctx)
+func (l *Shape) execAlone(ctx context.Context, d time.Duration, sql string) error {
+	conn := l.conn
+	switch {
+	case l.pool != nil:
+		c, err := l.pool.Acquire(ctx)
 		if err != nil {
 			return err
 		}
 		defer c.Release()
 		conn = c.Conn()
-	case *pgx.Conn:
-		conn = db
-	default:
+	case conn == nil:
 		tctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
-		rows, err := s.db.Query(tctx, sql)
-		if err != nil {
-			return err
-		}
-		rows.Close()
-		return rows.Err()
+		return shape.Exec(tctx, l.db, sql)
 	}
 	cancelled := make(chan struct{})
 	t := time.AfterFunc(d, func() {
@@ -609,17 +568,17 @@ func (s *Store) execAlone(ctx context.Context, d time.Duration, sql string) erro
 	_, err := conn.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol)
 	if !t.Stop() {
 		<-cancelled
-		if _, pooled := s.db.(*pgxpool.Pool); pooled {
+		if l.pool != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 		}
 	}
 	return err
 }
 
-// partitionedSizes fills in st's sizes, dead tuples and partitions from the
-// partitions (the parent itself stores nothing).
-func (s *Store) partitionedSizes(ctx context.Context, stats *Stats) error {
-	st, err := s.readPartitions(ctx)
+// Sizes fills in st's sizes, dead tuples and partitions from the
+// partitions. The parent itself stores nothing.
+func (l *Shape) Sizes(ctx context.Context, stats *shape.Sizes) error {
+	st, err := l.readPartitions(ctx)
 	if err != nil {
 		return err
 	}
@@ -627,34 +586,33 @@ func (s *Store) partitionedSizes(ctx context.Context, stats *Stats) error {
 	var oid uint32
 	var n int64
 	if st.distributed == "" {
-		rows, _ := s.db.Query(ctx, `SELECT tableoid, count(*) FROM `+s.messages.table+` GROUP BY 1`)
+		rows, _ := l.db.Query(ctx, `SELECT tableoid, count(*) FROM `+l.table+` GROUP BY 1`)
 		if _, err := pgx.ForEachRow(rows, []any{&oid, &n}, func() error { counts[oid] = n; return nil }); err != nil {
-			return fmt.Errorf("pgdedup: stats of %s: count rows per partition: %w", s.messages.table, withDetail(err))
+			return fmt.Errorf("pgdedup: stats of %s: count rows per partition: %w", l.table, shape.WithDetail(err))
 		}
 	}
 	stats.PartitionSpan = st.span
-	stats.SealedBefore = ptr(st.sealed.UTC())
-	stats.Partitions = []PartitionStats{}
+	stats.SealedBefore = shape.Ptr(st.sealed.UTC())
+	stats.Partitions = []shape.PartitionSize{}
 	for _, p := range st.parts {
 		q := st.quoted(p.name)
-		ps := PartitionStats{Name: p.name, From: p.from.UTC(), To: p.to.UTC(), Sealed: !p.to.After(st.sealed), Detaching: p.pending}
+		ps := shape.PartitionSize{Name: p.name, From: p.from.UTC(), To: p.to.UTC(), Sealed: !p.to.After(st.sealed), Detaching: p.pending}
 		var tb, ib, dead int64
 		sizes := `SELECT pg_catalog.pg_table_size(r), pg_catalog.pg_indexes_size(r),
 coalesce((SELECT n_dead_tup FROM pg_catalog.pg_stat_user_tables WHERE relid = r), 0)
 FROM pg_catalog.to_regclass($1::text) r`
 		if st.distributed != "" {
-			// Citus: the shards' sizes and rows (a shard's tableoid is the
-			// worker's); dead tuples are the workers'.
-			sizes = `SELECT citus_table_size(r), citus_total_relation_size(r) - citus_table_size(r), 0::bigint
-FROM pg_catalog.to_regclass($1::text) r`
-			if err := s.db.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&n); err != nil {
-				return fmt.Errorf("pgdedup: stats of %s: partition %s: %w", s.messages.table, p.name, withDetail(err))
+			// The shards' sizes and rows. A shard's tableoid is the
+			// node's own.
+			sizes = l.SizesSQL()
+			if err := l.db.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&n); err != nil {
+				return fmt.Errorf("pgdedup: stats of %s: partition %s: %w", l.table, p.name, shape.WithDetail(err))
 			}
 			counts[p.oid] = n
 		}
-		err := s.db.QueryRow(ctx, sizes, q).Scan(&tb, &ib, &dead)
+		err := l.db.QueryRow(ctx, sizes, q).Scan(&tb, &ib, &dead)
 		if err != nil {
-			return fmt.Errorf("pgdedup: stats of %s: partition %s: %w", s.messages.table, p.name, withDetail(err))
+			return fmt.Errorf("pgdedup: stats of %s: partition %s: %w", l.table, p.name, shape.WithDetail(err))
 		}
 		ps.Bytes = tb + ib
 		stats.TableBytes += tb
@@ -664,30 +622,20 @@ FROM pg_catalog.to_regclass($1::text) r`
 		ps.Rows = counts[p.oid]
 		stats.Partitions = append(stats.Partitions, ps)
 	}
-	stats.PartitionRunway = ptr(runwayLeft(stats.Partitions, stats.Now))
+	stats.PartitionRunway = shape.Ptr(runwayLeft(stats.Partitions, stats.Now))
 	return nil
 }
 
 // runwayLeft is how long after now claims find a partition if no cleanup
 // runs: to the end of the unbroken run of attached partitions that holds
 // now (a partition being detached takes no claims). Zero when none holds it.
-func runwayLeft(parts []PartitionStats, now time.Time) time.Duration {
+func runwayLeft(parts []shape.PartitionSize, now time.Time) time.Duration {
 	at := now
 	for {
-		i := slices.IndexFunc(parts, func(p PartitionStats) bool { return !p.Detaching && !at.Before(p.From) && at.Before(p.To) })
+		i := slices.IndexFunc(parts, func(p shape.PartitionSize) bool { return !p.Detaching && !at.Before(p.From) && at.Before(p.To) })
 		if i < 0 {
 			return at.Sub(now)
 		}
 		at = parts[i].To
 	}
-}
-
-func ptr[T any](v T) *T { return &v }
-
-func (l partitionedLayout) cleanup(ctx context.Context, s *Store, e *Event) (int64, bool, error) {
-	return s.cleanupPartitioned(ctx, e)
-}
-
-func (l partitionedLayout) sizes(ctx context.Context, s *Store, st *Stats) error {
-	return s.partitionedSizes(ctx, st)
 }
