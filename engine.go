@@ -325,3 +325,11 @@ func sqlQueryRow(tx *sql.Tx) queryRowFunc {
 		return tx.QueryRowContext(ctx, sql, args...).Scan(dest...)
 	}
 }
+
+// emit reports e to Config.OnEvent, if set.
+func (s *Store) emit(ctx context.Context, e Event) {
+	if s.cfg.OnEvent != nil {
+		e.Consumer = s.cfg.Consumer
+		s.cfg.OnEvent(ctx, e)
+	}
+}

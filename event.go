@@ -1,7 +1,6 @@
 package pgdedup
 
 import (
-	"context"
 	"time"
 )
 
@@ -63,11 +62,4 @@ type PartitionSpan struct {
 	Name string    `json:"name"` // in the table's schema
 	From time.Time `json:"from"`
 	To   time.Time `json:"to"`
-}
-
-func (s *Store) emit(ctx context.Context, e Event) {
-	if s.cfg.OnEvent != nil {
-		e.Consumer = s.cfg.Consumer
-		s.cfg.OnEvent(ctx, e)
-	}
 }

@@ -81,9 +81,9 @@ func WithMaxResultBytes(n int) Option {
 	return func(o *callOptions) { o.maxResult, o.maxResultSet = n, true }
 }
 
-// callOptions applies opts and checks them, and the late-message guard,
-// before anything is sent.
-func (s *Store) callOptions(opts []Option) (callOptions, error) {
+// callOptions applies opts and checks them against cfg, and the
+// late-message guard, before anything is sent.
+func (cfg Config) callOptions(opts []Option) (callOptions, error) {
 	var o callOptions
 	for _, opt := range opts {
 		if opt != nil {
@@ -99,15 +99,15 @@ func (s *Store) callOptions(opts []Option) (callOptions, error) {
 		return o, fmt.Errorf("%w: WithMaxResultBytes(%d): must be positive", ErrInvalidOption, o.maxResult)
 	case o.retention != 0 && o.retention < MinRetention:
 		return o, fmt.Errorf("%w: WithRetention(%s): must be at least %s", ErrInvalidOption, o.retention, MinRetention)
-	case o.retention != 0 && o.retention <= s.cfg.LateMargin:
-		return o, fmt.Errorf("%w: WithRetention(%s): must exceed Config.LateMargin (%s)", ErrInvalidOption, o.retention, s.cfg.LateMargin)
+	case o.retention != 0 && o.retention <= cfg.LateMargin:
+		return o, fmt.Errorf("%w: WithRetention(%s): must exceed Config.LateMargin (%s)", ErrInvalidOption, o.retention, cfg.LateMargin)
 	}
 	if !o.sentAt.IsZero() {
-		retention := s.cfg.Retention
+		retention := cfg.Retention
 		if o.retention != 0 {
 			retention = o.retention
 		}
-		margin := s.cfg.LateMargin
+		margin := cfg.LateMargin
 		if margin == 0 {
 			margin = retention / 10
 		}

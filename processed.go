@@ -129,7 +129,7 @@ func (s *Store) newIDClaim(messageID string, opts []Option) (*idClaim, error) {
 	if err := ValidateMessageID(messageID); err != nil {
 		return nil, err
 	}
-	o, err := s.callOptions(opts)
+	o, err := s.cfg.callOptions(opts)
 	if err != nil {
 		return nil, err
 	}
