@@ -1,9 +1,10 @@
-// Package citus is the Citus placement of the dedup table: a table that
-// Citus distributes, reached through the coordinator. It holds the settings
-// that route a claim, the batch statements and the windowed cleanup of the
-// plain shape on Citus (Plain), and what the partitioned shape asks of a
-// distributed table (Partitioned): its claim function, its detach, and the
-// two-phase-commit checks of sealing.
+// Package citus is the Citus placement of the dedup table. The table is
+// distributed by Citus and reached through the coordinator. The package
+// holds the settings that route a claim. It holds the batch statements and
+// the windowed cleanup of the plain shape on Citus (Plain). And it holds
+// what the partitioned shape asks of a distributed table (Partitioned). That
+// is its claim function, its detach, and the two-phase-commit checks of
+// sealing.
 package citus
 
 import (

@@ -22,9 +22,9 @@ import (
 // transaction. It is deleted only when it holds at most
 // Config.CleanupBatchSize rows. Otherwise the window shrinks and is counted
 // again. The window adapts to the density of expiries, aiming at 3/4 of the
-// batch size. Only one batch can exceed the size: more rows than that
-// sharing one microsecond of expires_at (a single huge ClaimBatch). They
-// are deleted together.
+// batch size. Only one batch can exceed the size. It holds more rows than
+// that sharing one microsecond of expires_at, from a single huge
+// ClaimBatch. They are deleted together.
 //
 // Cleaners take turns as on plain PostgreSQL. Each batch's transaction
 // first tries the transaction-scoped advisory lock on the coordinator. So
@@ -88,8 +88,8 @@ func cleanup(ctx context.Context, env shape.Env) (deleted int64, skipped bool, e
 func cleanupWindow(ctx context.Context, db shape.DB, t string, from, to time.Time, batch int64, force bool) (deleted, counted int64, turn bool, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	// One connection per worker: the workers work in parallel, each
-	// worker's shards one after another. The coordinator keeps one
+	// The pool size of 1 means one connection per worker. The workers work
+	// in parallel, and each worker's shards one after another. The coordinator keeps one
 	// connection per worker open between transactions. It would otherwise
 	// open more for each batch, which costs more than the shards' work.
 	b.Queue(cleanerMark + `SELECT pg_try_advisory_xact_lock(` + shape.CleanupLockClass + `, '` + t + `'::regclass::oid::int4),

@@ -167,11 +167,10 @@ func (p Partitioned) CreateClaims(ctx context.Context, db shape.DB, table string
 }
 
 // funcSQL creates the claim function fn for table (quoted), in one
-// transaction with the checks of funcCheckSQL: a function of that
-// name that another role made is refused, pgdedup's own is kept if it is
-// this release's and dropped and created again if not. The function
-// returns, for each of ids (keys their keys) that was not claimed before,
-// its ID.
+// transaction with the checks of funcCheckSQL. A function of that name
+// that another role made is refused. pgdedup's own is kept if it is this
+// release's, and dropped and created again if not. The function returns
+// the IDs among ids that were not claimed before (keys are their keys).
 func funcSQL(fn, table string) string {
 	body := funcBody()
 	create := `CREATE FUNCTION ` + fn + `(t pg_catalog.regclass, meta pg_catalog.regclass, c pg_catalog.text,
@@ -256,11 +255,11 @@ END
 `
 }
 
-// funcCheckSQL is PL/pgSQL that refuses any function named like
-// the Citus claim function (fn, quoted) in the schemas a call of fn looks
-// in, if its owner is not trusted: an overload would be called instead of
-// pgdedup's. It drops pgdedup's own if its body is not body (an older
-// release's), and sets keep if it is.
+// funcCheckSQL is PL/pgSQL that refuses any function named like the claim
+// function (fn, quoted) in the schemas a call of fn looks in, if its owner
+// is not trusted. Such an overload would be called instead of pgdedup's.
+// It drops pgdedup's own if its body is not body (an older release's), and
+// sets keep if it is.
 func funcCheckSQL(fn, t, body string) string {
 	schemas := `pg_catalog.current_schemas(false)`
 	if id := strings.SplitN(fn, ".", 2); len(id) == 2 {

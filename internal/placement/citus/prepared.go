@@ -13,31 +13,32 @@ import (
 	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
-// On a table Citus distributes, a claim whose transaction wrote to more than
-// one node commits in two phases: the coordinator has every node PREPARE,
-// commits its own part, sends COMMIT PREPARED, and only then releases its
-// locks (the claim's advisory lock, which sealing waits for). If COMMIT
-// PREPARED fails (a node restarting, a connection cut), the coordinator
-// commits all the same, and the node keeps the claim's rows prepared,
-// invisible, until Citus's recovery commits them, within
-// citus.recover_2pc_interval (a minute by default). Sealing the claim's
-// partition before then would let a redelivery look the ID up in the sealed
-// partition, miss it, and be processed a second time. (A transaction that
-// wrote to one node commits it before the coordinator's own commit.)
+// On a table Citus distributes, a claim whose transaction wrote to more
+// than one node commits in two phases. The coordinator has every node
+// PREPARE, commits its own part and sends COMMIT PREPARED. Only then does it
+// release its locks, among them the claim's advisory lock, which sealing
+// waits for. COMMIT PREPARED may fail, when a node restarts or a
+// connection is cut. The coordinator commits all the same. The node keeps
+// the claim's rows prepared, invisible, until Citus's recovery commits
+// them, within citus.recover_2pc_interval (a minute by default). Sealing
+// the claim's partition before then would let a redelivery look the ID up
+// in the sealed partition, miss it, and be processed a second time. A
+// transaction that wrote to one node commits it before the coordinator's
+// own commit.
 //
-// So, once the claims' advisory locks are all free, sealing also
-// lists the transactions prepared on every node of the cluster that hold a
-// lock on a shard of the table or of its partitions (shards are named after
-// them: the parent's name, cut as partitionName cuts it, is their prefix),
-// and waits for them to end (sealing's wait is bounded as for the lockers; a
-// later run tries again). Every claim that chose a partition before the
-// switch has, by then, prepared on each node it wrote to, keeping its locks
-// (pg_locks shows them under the virtual transaction holding its xid), so it
-// is listed unless it has already ended; a claim ends on every node
-// before the partition is sealed. A node that does not answer holds sealing
-// up too: nothing says its prepared transactions have ended. Other
-// distributed transactions, prepared for a moment all the time on a busy
-// cluster, are not waited for.
+// So sealing waits for more once the claims' advisory locks are all free.
+// It lists the transactions prepared on every node of the cluster that hold
+// a lock on a shard of the table or of its partitions. Shards are named
+// after them, so the parent's name, cut as partition names cut it, is
+// their prefix. It waits for them to end. That wait is bounded as for the
+// lockers, and a later run tries again. By then every claim that chose a
+// partition before the switch has prepared on each node it wrote to,
+// keeping its locks. pg_locks shows them under the virtual transaction
+// holding its xid. So it is listed unless it has already ended. A claim
+// ends on every node before the partition is sealed. A node that does not
+// answer holds sealing up too, since nothing says its prepared
+// transactions have ended. Other distributed transactions are not waited
+// for. A busy cluster has some prepared for a moment all the time.
 
 // WaitPrepared lists the prepared transactions holding a lock on the
 // table's shards on every node of the Citus cluster. It waits up to d for
@@ -63,18 +64,19 @@ func (Partitioned) WaitPrepared(ctx context.Context, db shape.DB, table, schema,
 		if now, down, err = preparedOnNodes(ctx, db, table, schema, name); err != nil {
 			return nil, err
 		}
-		// Those listed first and still there: a transaction prepared since
-		// began after the lockers ended, so it is no claim sealing waits for.
+		// Only those listed first and still there count. A transaction
+		// prepared since began after the lockers ended. So it is no claim
+		// that sealing waits for.
 		listed = slices.DeleteFunc(listed, func(p string) bool { return !slices.Contains(now, p) })
 	}
 	return nil, nil
 }
 
 // preparedOnNodes returns the prepared transactions holding a lock on a
-// shard of the table (or of its partitions) on every node, as "prepared
-// transaction GID on node N", and down: "node N did not answer: …" for each
-// node the coordinator could not ask. A shard is recognised by its name
-// (regclass text, unquoted: shards may be hidden from pg_class queries).
+// shard of the table, or of its partitions, on every node. Each is
+// described as "prepared transaction GID on node N". down describes each
+// node the coordinator could not ask. A shard is recognised by its name as
+// unquoted regclass text, since shards may be hidden from pg_class queries.
 func preparedOnNodes(ctx context.Context, db shape.DB, table, schema, name string) (prepared, down []string, err error) {
 	prefix := name
 	if len(prefix) > 30 {

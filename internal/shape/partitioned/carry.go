@@ -16,10 +16,10 @@ import (
 // claim with WithRetention, an imported ID, a raw INSERT with a distant
 // expires_at) would keep it. Cleanup skips such a partition and drops the
 // ones after it that are due. It also carries the partition's live rows
-// forward, so that they hold no old partition for long: it copies them into
-// the newest sealed partition (processed_at becomes that partition's start),
-// waits until no transaction has a snapshot older than the copy, and then
-// drops the old partition as any other. Exactness holds as before. A claim
+// forward, so that they hold no old partition for long. It copies them
+// into the newest sealed partition, where processed_at becomes that
+// partition's start. It waits until no transaction has a snapshot older
+// than the copy. Then it drops the old partition as any other. Exactness holds as before. A claim
 // looks an ID up in every sealed partition, where it finds the copy. A
 // claim whose snapshot predates the copy could miss it once the old
 // partition is gone, which is why the old partition is detached only after
@@ -35,9 +35,9 @@ import (
 const carryMax = 1000
 
 // carryLive decides what becomes of p, a partition due to be dropped, given
-// its live rows. It returns keep when p stays for now: too many live rows,
-// no sealed partition after p to carry them to, a distributed table, or a snapshot older
-// than the copy still open. Otherwise p's live rows have been copied and
+// its live rows. It returns keep when p stays for now. That is so with too
+// many live rows, no sealed partition after p to carry them to, a
+// distributed table, or a snapshot older than the copy still open. Otherwise p's live rows have been copied and
 // p.carried is set, and p may be detached.
 func (l *Shape) carryLive(ctx context.Context, st *partitionState, p *partitionInfo) (keep bool, err error) {
 	var live int
@@ -59,10 +59,10 @@ FROM pg_catalog.pg_attribute WHERE attrelid = '`+l.table+`'::pg_catalog.regclass
 AND attname <> 'processed_at'`).Scan(&cols); err != nil {
 		return true, fmt.Errorf("pgdedup: carry the live rows of %s: %w", p.name, shape.WithDetail(err))
 	}
-	// The live rows that have no copy after p yet (a run that copied them
-	// but found old snapshots copies nothing again). FOR UPDATE: a Forget
-	// or a stored result that commits first is seen, one that comes later
-	// waits and then finds the copy too.
+	// These are the live rows that have no copy after p yet. A run that
+	// copied them but found old snapshots copies nothing again. FOR UPDATE
+	// sees a Forget or a stored result that commits first. One that comes
+	// later waits and then finds the copy too.
 	after := p.to.UTC().Format(time.RFC3339Nano)
 	copied := `SELECT 1 FROM ` + l.table + ` y WHERE y.key = x.key AND y.processed_at >= '` + after + `'::pg_catalog.timestamptz`
 	b := &pgx.Batch{}
@@ -79,8 +79,8 @@ ON CONFLICT DO NOTHING`, q.from)
 		}
 		return true, fmt.Errorf("pgdedup: carry the live rows of %s to %s: %w", p.name, q.name, shape.WithDetail(err))
 	}
-	// The newest copy's transaction: every snapshot that may miss a copy
-	// began before it committed.
+	// This is the newest copy's transaction. Every snapshot that may miss a
+	// copy began before it committed.
 	var xid string
 	if err := l.db.QueryRow(ctx, `SELECT coalesce((SELECT y.xmin::pg_catalog.text FROM `+l.table+` y
 WHERE y.processed_at >= '`+after+`'::pg_catalog.timestamptz
@@ -100,8 +100,8 @@ ORDER BY pg_catalog.age(y.xmin) LIMIT 1), '')`).Scan(&xid); err != nil {
 	return false, nil
 }
 
-// carryTarget is the partition the live rows of p go to: the newest sealed
-// partition after it.
+// carryTarget is the partition the live rows of p go to. It is the newest
+// sealed partition after it.
 func carryTarget(st *partitionState, p partitionInfo) (partitionInfo, bool) {
 	for i := len(st.parts) - 1; i >= 0; i-- {
 		q := st.parts[i]

@@ -34,7 +34,7 @@ import (
 const Ahead = 3
 
 // defaultSealWait is how long one Cleanup waits for the transactions that
-// hold a lock on the table to end before it seals; if some are still open,
+// hold a lock on the table to end before it seals. If some are still open,
 // the next run tries again. defaultDetachWait bounds one DETACH …
 // CONCURRENTLY (or FINALIZE) likewise. Tests set shorter ones per Store.
 const (
@@ -170,8 +170,8 @@ func spanNames(ps []shape.Span) []string {
 	return names
 }
 
-// partitionName is the name of the partition starting at from: the parent's
-// name and from in UTC, so that names sort by time. A parent's name longer
+// partitionName is the name of the partition starting at from. It is the
+// parent's name and from in UTC, so that names sort by time. A parent's name longer
 // than 30 bytes is cut to 21 and followed by a hash of the whole name
 // (shortPrefix), so that tables with a long common prefix do not collide and
 // the partition's index names fit PostgreSQL's 63 bytes.
@@ -183,9 +183,10 @@ func partitionName(parent string, from time.Time) string {
 	return name
 }
 
-// shortPrefix is the parent's name as partition names begin with it: the
-// name itself up to 30 bytes, else its first 21 bytes, "_" and the first 8
-// hex digits of the SHA-256 of the name (30 bytes).
+// shortPrefix is the parent's name as partition names begin with it. That
+// is the name itself up to 30 bytes. A longer name gives its first 21
+// bytes, "_" and the first 8 hex digits of the SHA-256 of the name (30
+// bytes).
 func shortPrefix(parent string) string {
 	if len(parent) <= 30 {
 		return parent
@@ -196,7 +197,7 @@ func shortPrefix(parent string) string {
 
 // partitionNameV1 is the name releases before the hash gave the partition
 // starting at from (the parent's name cut to 30 bytes). Such partitions are
-// found through pg_inherits and work as any; only the orphan check
+// found through pg_inherits and work as any. Only the orphan check
 // (orphans.go) looks at their names.
 func partitionNameV1(parent string, from time.Time) string {
 	if len(parent) <= 30 {
@@ -216,14 +217,15 @@ func (l *Shape) createPartitions(ctx context.Context, back time.Duration) ([]sha
 	if err != nil {
 		return nil, err
 	}
-	// A partition may span several spans (the legacy partition of a moved
-	// table, move.go): nothing may overlap it.
+	// A partition may span several spans, as the legacy partition of a
+	// moved table does (move.go). Nothing may overlap it.
 	covered := func(from time.Time) bool {
 		return slices.ContainsFunc(st.parts, func(p partitionInfo) bool { return !from.Before(p.from) && from.Before(p.to) })
 	}
 	var created []shape.Span
-	// One partition for the past (back, in whole spans), when there is none:
-	// for IDs imported with their times. Sealed from the start.
+	// One partition for the past (back, in whole spans) is made when there
+	// is none, for IDs imported with their times. It is sealed from the
+	// start.
 	if back > 0 && (len(st.parts) == 0 || !st.parts[0].from.Before(st.current)) {
 		from := st.current.Add(-(back + st.span - 1) / st.span * st.span)
 		created = append(created, shape.Span{Name: partitionName(st.name, from), From: from.UTC(), To: st.current.UTC()})
@@ -237,17 +239,17 @@ func (l *Shape) createPartitions(ctx context.Context, back time.Duration) ([]sha
 	if len(created) == 0 {
 		return nil, nil
 	}
-	// Each partition in a transaction of its own, which needs no turn:
-	// concurrent cleaners may create the same one, and the losers find the
-	// winner's (createPartition).
+	// Each partition is made in a transaction of its own, which needs no
+	// turn. Concurrent cleaners may create the same one, and the losers find
+	// the winner's (createPartition).
 	made := created[:0]
 	var blocked []string
 	for i, p := range created {
 		mine, err := l.createPartition(ctx, st, p)
 		switch {
 		case shape.IsCode(err, "55P03") && l.cleanerCreating(ctx):
-			// Another cleaner holds the lock to create partitions: it
-			// creates the rest (and reports it if it is held up itself).
+			// Another cleaner holds the lock to create partitions. It
+			// creates the rest, and reports it if it is held up itself.
 			return made, nil
 		case shape.IsCode(err, "55P03"):
 			// The rest would wait for the same lock.
@@ -269,10 +271,10 @@ func (l *Shape) createPartitions(ctx context.Context, back time.Duration) ([]sha
 	return made, nil
 }
 
-// createLockTimeout bounds creation's wait for its lock on the parent: a
-// second longer than another cleaner's detach may hold it (detachWait), so
-// that only a session holding it longer makes Cleanup starved. Claims do not
-// wait behind it (SHARE UPDATE EXCLUSIVE).
+// createLockTimeout bounds creation's wait for its lock on the parent. It
+// is a second longer than another cleaner's detach may hold it
+// (Waits.Detach). So only a session holding it longer makes Cleanup
+// starved. Claims do not wait behind it (SHARE UPDATE EXCLUSIVE).
 func (l *Shape) createLockTimeout() time.Duration {
 	return cmp.Or(l.waits.Detach, defaultDetachWait) + time.Second
 }
@@ -282,9 +284,9 @@ func (l *Shape) createLockTimeout() time.Duration {
 const partitionCreatedSetting = "pgdedup.partition_created"
 
 // createPartition creates partition p in a transaction of its own (see
-// createPartitionSQL) and reports whether this call created it (false: it
-// was there, checked). It tries again when another session created the
-// same name at the same time (duplicate errors), or on a deadlock.
+// createPartitionSQL). It reports whether this call created it. False means
+// it was there, and checked. It tries again when another session created
+// the same name at the same time (duplicate errors), or on a deadlock.
 func (l *Shape) createPartition(ctx context.Context, st *partitionState, p shape.Span) (mine bool, err error) {
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
@@ -302,16 +304,16 @@ func (l *Shape) createPartition(ctx context.Context, st *partitionState, p shape
 	}
 }
 
-// createPartitionSQL creates partition name, from ≤ processed_at < to, of
-// parent (quoted), unless the table has a partition of that name already,
-// which it checks (checkPartitionSQL). Otherwise each name it takes must be
-// free (refuseTakenSQL), and it creates the table, its unique index on key,
-// its index on expires_at, and attaches it (SHARE UPDATE EXCLUSIVE on the
-// parent: claims go on), in the caller's transaction. It takes that lock
-// first, so that cleaners racing for a partition take turns (only roles
-// that may change the table's rows can take it), and the cleaners'
-// advisory lock if it is free, only so that sealing does not wait for it
-// (waitLockers): whoever holds that does not hold creation up.
+// createPartitionSQL creates partition name, from ≤ processed_at < to, in
+// the caller's transaction. If the table has a partition of that name
+// already, it checks it (checkPartitionSQL) and stops. Otherwise each name
+// it takes must be free (refuseTakenSQL). It creates the table, its unique
+// index on key and its index on expires_at, and attaches it. ATTACH takes
+// SHARE UPDATE EXCLUSIVE on the parent, and claims go on. It takes that
+// lock first, so that cleaners racing for a partition take turns. Only
+// roles that may change the table's rows can take it. It also takes the
+// cleaners' advisory lock if it is free, only so that sealing does not wait
+// for it (waitLockers). Whoever holds that lock does not hold creation up.
 func (l *Shape) createPartitionSQL(st *partitionState, name string, from, to time.Time) string {
 	parent, q := l.table, st.quoted(name)
 	// A distributed table wants its distribution column in every unique
@@ -347,15 +349,15 @@ END
 $pgdedup$`
 }
 
-// sealPartitions seals every partition before the current one: it lists the
-// transactions holding a lock on the table now (after the current partition
-// began: st.current was read before), waits up to sealWait for all of them to
-// end, and then moves sealed to the current partition's start. Any claim that
-// chose an older partition as its current one read the clock while holding
-// its lock on the table, so it was listed, or had ended before the list was
-// taken. It returns where sealed stands, and how many listed transactions
-// were still open if it gave up; err wraps shape.ErrCleanupStarved if sealing is
-// held up for too long (starved.go).
+// sealPartitions seals every partition before the current one. It lists
+// the transactions holding a lock on the table now, after the current
+// partition began (st.current was read before). It waits up to Waits.Seal
+// for all of them to end. Then it moves sealed to the current partition's
+// start. Any claim that chose an older partition as its current one read
+// the clock while holding its lock on the table. So it was listed, or had
+// ended before the list was taken. It returns where sealed stands, and how
+// many listed transactions were still open if it gave up. err wraps
+// ErrCleanupStarved if sealing is held up for too long (starved.go).
 func (l *Shape) sealPartitions(ctx context.Context, st *partitionState) (sealed time.Time, waiting int, err error) {
 	if !st.sealed.Before(st.current) {
 		return st.sealed, 0, nil
@@ -425,12 +427,12 @@ AND objid = ` + oid + ` AND objsubid = 2)`
 
 // dropPartitions detaches (CONCURRENTLY) and drops the sealed partitions
 // that ended a Retention ago and whose rows have all expired, oldest first.
-// One that still holds a live row is skipped, not waited for: its live rows
-// are carried forward first, or it is kept (carryLive). A partition left
-// pending by an interrupted detach is finalized first (PostgreSQL lets one
-// partition of a table be pending detach at a time). A detach that waits
-// longer than detachWait for old transactions is cancelled and left to the
-// next run. It returns the partitions it dropped and their rows
+// One that still holds a live row is skipped, not waited for. Its live
+// rows are carried forward first, or it is kept (carryLive). A partition
+// left pending by an interrupted detach is finalized first, since
+// PostgreSQL lets one partition of a table be pending detach at a time. A
+// detach that waits longer than Waits.Detach for old transactions is
+// cancelled and left to the next run. It returns the partitions it dropped and their rows
 // (PostgreSQL's estimates).
 func (l *Shape) dropPartitions(ctx context.Context, st *partitionState) (dropped []shape.Span, rows int64, err error) {
 	parts := slices.Clone(st.parts)
@@ -444,8 +446,9 @@ func (l *Shape) dropPartitions(ctx context.Context, st *partitionState) (dropped
 		return 0
 	})
 	for _, p := range parts {
-		// Sealed, and a Retention (this Store's) past its end: before that
-		// it may hold IDs imported with their times, or rows to come.
+		// It must be sealed, and a Retention (this Store's) past its end.
+		// Before that it may hold IDs imported with their times, or rows to
+		// come.
 		if p.to.After(st.sealed) || p.to.Add(l.retention).After(st.current) {
 			break
 		}
@@ -474,17 +477,18 @@ func (l *Shape) dropPartitions(ctx context.Context, st *partitionState) (dropped
 	return dropped, rows, nil
 }
 
-// detachPartition detaches p: DETACH … CONCURRENTLY, or FINALIZE if p is
-// pending. mine: this run detached it (not another cleaner). done: this run
-// goes no further (a live row in p, old transactions still open, or the
-// detach cut short), which err says only if it is an error.
+// detachPartition detaches p with DETACH … CONCURRENTLY, or FINALIZE if p
+// is pending. mine says this run detached it, not another cleaner. done
+// says this run goes no further. That is so for a live row in p, old
+// transactions still open, or the detach cut short. err says why only if
+// it is an error.
 func (l *Shape) detachPartition(ctx context.Context, st *partitionState, p partitionInfo) (mine, done bool, err error) {
 	q := st.quoted(p.name)
 	wait := cmp.Or(l.waits.Detach, boundedWait(defaultDetachWait, st.span))
 	detach := `ALTER TABLE ` + l.table + ` DETACH PARTITION ` + q + ` FINALIZE`
 	if p.pending {
 		// FINALIZE locks the partition before it waits for the transactions
-		// that may still read it, which then deadlock with it: let them end
+		// that may still read it, which then deadlock with it. So they end
 		// first. Later ones never see the partition.
 		open, err := l.waitLockers(ctx, wait)
 		if err != nil || len(open) > 0 {
@@ -517,8 +521,8 @@ func (l *Shape) detachPartition(ctx context.Context, st *partitionState, p parti
 	case code == "42P01":
 		return false, false, nil // another cleaner detached it (and drops it, as this one does)
 	case code == "57014" || code == "55P03" || code == "55000" || code == "40P01":
-		// Cancelled after the detach wait, the lock wait over, or another
-		// cleaner's detach pending: the next run goes on.
+		// It was cancelled after the detach wait, or the lock wait is over,
+		// or another cleaner's detach is pending. The next run goes on.
 		l.log.InfoContext(ctx, "pgdedup: detach left to the next cleanup", "partition", p.name, "error", err)
 		return false, true, ctx.Err()
 	default:
@@ -627,8 +631,9 @@ FROM pg_catalog.to_regclass($1::text) r`
 }
 
 // runwayLeft is how long after now claims find a partition if no cleanup
-// runs: to the end of the unbroken run of attached partitions that holds
-// now (a partition being detached takes no claims). Zero when none holds it.
+// runs. It runs to the end of the unbroken run of attached partitions that
+// holds now. A partition being detached takes no claims. It is zero when
+// none holds now.
 func runwayLeft(parts []shape.PartitionSize, now time.Time) time.Duration {
 	at := now
 	for {

@@ -13,53 +13,55 @@ import (
 	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
-// Moving a populated plain table to the partitioned layout (Store.Setup on a
-// plain table that holds rows), online: the old table becomes one partition,
-// the legacy partition, covering claim times from Origin to a switch
-// time T on the span grid, ahead by at least defaultMoveLead, one span, and
-// twice the old table's scan at moveScanRate. No row is copied, and no step
-// holds a lock that claims wait for longer than moveLockTimeout:
+// Store.Setup on a plain table that holds rows moves it to the partitioned
+// shape, online. The old table becomes one partition, the legacy
+// partition. It covers claim times from Origin to a switch time T on the
+// span grid. T is ahead by at least defaultMoveLead, one span, and twice
+// the old table's scan at moveScanRate. No row is copied. No step holds a
+// lock that claims wait for longer than moveLockTimeout. There are two
+// steps.
 //
-//  1. CHECK (processed_at >= Origin AND processed_at < T) NOT
-//     VALID (a catalog change under ACCESS EXCLUSIVE, tried for
-//     moveLockTimeout at a time), then VALIDATE CONSTRAINT (a scan under
-//     SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued behind
-//     it, so it waits for its lock until the deadline). Claims before T pass
-//     the check; a row outside fails the validation, is given a processed_at
-//     inside (moveIntoRange), and the validation runs again.
-//  2. One short transaction, under the same lock_timeout: rename the old
-//     table to the legacy partition's name, create the partitioned parent
-//     under the old name as setupSQL does (columns, defaults, trigger,
-//     grants), ATTACH the old table FOR VALUES FROM (Origin) TO
-//     (T), which the validated check spares a scan of, drop the check, and
-//     record the span with sealed = T - span.
+//  1. CHECK (processed_at >= Origin AND processed_at < T) NOT VALID is a
+//     catalog change under ACCESS EXCLUSIVE, tried for moveLockTimeout at a
+//     time. VALIDATE CONSTRAINT follows. It is a scan under SHARE UPDATE
+//     EXCLUSIVE, which no claim waits for, even queued behind it. So it
+//     waits for its lock until the deadline. Claims before T pass the
+//     check. A row outside fails the validation. It is given a
+//     processed_at inside (moveIntoRange), and the validation runs again.
+//  2. One short transaction runs under the same lock_timeout. It renames
+//     the old table to the legacy partition's name. It creates the
+//     partitioned parent under the old name as setupSQL does, with the
+//     columns, defaults, trigger and grants. It attaches the old table FOR
+//     VALUES FROM (Origin) TO (T), which the validated check spares a scan
+//     of. It drops the check and records the span with sealed = T - span.
 //
-// The legacy partition keeps its own unique index on key (a partition may
-// have indexes its parent lacks) and its expires_at index. Until T every
-// claim, of either layout, inserts there: a new-layout claim's current
-// partition is the legacy one and its list of unsealed older partitions is
-// empty (it runs from sealed = T - span to before the current span). At T
-// the legacy partition is the one before the current: claims copy into it
-// (processed_at T - span) as at any switch, and Cleanup seals it, then drops
-// it once it ended a Retention ago and all its rows expired, as any other.
-// So the argument in partitioned.go holds unchanged, with the legacy
-// partition as the partition before T.
+// The legacy partition keeps its own unique index on key, since a partition
+// may have indexes its parent lacks. It keeps its expires_at index too.
+// Until T every claim, of either shape, inserts there. A partitioned
+// claim's current partition is the legacy one, and its list of unsealed
+// older partitions is empty. That list runs from sealed = T - span to
+// before the current span. At T the legacy partition is the one before the
+// current. Claims copy into it (processed_at T - span) as at any switch.
+// Cleanup seals it, and drops it once it ended a Retention ago and all its
+// rows expired, as any other. So the argument in partitioned.go holds
+// unchanged, with the legacy partition as the partition before T.
 //
-// A claim with the plain statement (a Store that looked the table up before
-// the move, or an older release) inserts through the parent with
-// processed_at = now(): into the legacy partition while that is before T,
-// which is exact. At or after T it is not: it copies into no older
-// partition, and now() is its transaction's start, so it may even land in
-// the legacy partition after the seal, unseen by claims that saw the seal.
-// So no plain claim may run from T on: Stores look a plain table up again
-// every DefaultLayoutRecheck (Store.layouts), the swap gives up unless it
-// commits half the lead before T, and older releases must stop by T. (Old releases' Cleanup
-// deletes by ctid, which repeats across partitions, but checks expires_at
-// again: it deletes only expired rows, which is harmless.)
+// A claim with the plain statement inserts through the parent with
+// processed_at = now(). It comes from a Store that looked the table up
+// before the move, or from an older release. It inserts into the legacy
+// partition while that is before T, which is exact. At or after T it is
+// not exact. It copies into no older partition. And now() is its
+// transaction's start, so it may even land in the legacy partition after
+// the seal, unseen by claims that saw the seal. So no plain claim may run
+// from T on. Stores look a plain table up again every DefaultLayoutRecheck
+// (Store.layouts). The swap gives up unless it commits half the lead
+// before T. Older releases must stop by T. Their Cleanup deletes by ctid,
+// which repeats across partitions. But it checks expires_at again and
+// deletes only expired rows, which is harmless.
 
 const (
-	// defaultMoveLead is how far ahead of the move T is at least (and at
-	// least one span): time for every Store to look the table up again.
+	// defaultMoveLead is how far ahead of the move T is at least, and at
+	// least one span. It gives every Store time to look the table up again.
 	defaultMoveLead = 10 * time.Minute
 	// DefaultLayoutRecheck is how often a Store that found the table plain
 	// looks it up again.
@@ -78,8 +80,8 @@ const (
 type MoveTimes struct{ Lead, Recheck time.Duration }
 
 // moveCheck is the name of the check constraint the move adds for a switch
-// at T; the name carries T, so that the swap attaches with the bound its own
-// check validated.
+// at T. The name carries T, so that the swap attaches with the bound its
+// own check validated.
 func moveCheck(t time.Time) string {
 	return "pgdedup_move_before_" + t.UTC().Format("20060102t150405.000000")
 }
@@ -97,7 +99,7 @@ WHERE c.oid = '`+l.table+`'::pg_catalog.regclass`).Scan(&nsp, &rel, &size)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", l.table, shape.WithDetail(err))
 	}
-	// Half the lead is left for the validation's scan: a second per
+	// Half the lead is left for the validation's scan. A second per
 	// moveScanRate bytes is plenty.
 	lead := max(cmp.Or(l.move.Lead, defaultMoveLead), span, 2*time.Duration(size/moveScanRate)*time.Second)
 	spanSQL := fmt.Sprintf(`'%d microseconds'::pg_catalog.interval`, span.Microseconds())
@@ -108,15 +110,15 @@ pg_catalog.date_bin(`+spanSQL+`, pg_catalog.clock_timestamp() + `+leadSQL+`, `+O
 	if err != nil {
 		return time.Time{}, fmt.Errorf("pgdedup: setup %s: %w", l.table, shape.WithDetail(err))
 	}
-	// The swap must commit by then: the clock is the database's, the wait the
-	// client's.
+	// The swap must commit by then. The clock is the database's, and the
+	// wait the client's.
 	until := time.Now().Add(at.Add(-lead / 2).Sub(dbNow))
 	table := pgx.Identifier{nsp, rel}.Sanitize()
 	legacy := partitionName(rel, legacyFrom)
 	check := moveCheck(at)
 	bound := func(t time.Time) string { return `'` + t.UTC().Format(time.RFC3339Nano) + `'::pg_catalog.timestamptz` }
 	fail := func(step string, err error) (time.Time, error) {
-		// The check must not outlive the move: after T it would refuse claims.
+		// The check must not outlive the move. After T it would refuse claims.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		drop := `DO $pgdedup$ BEGIN
@@ -152,8 +154,9 @@ $pgdedup$`
 		}
 		return fail("add the check", err)
 	}
-	// SHARE UPDATE EXCLUSIVE, which no claim waits for, even queued: it may
-	// wait until the deadline (an autovacuum of the table yields to it).
+	// SHARE UPDATE EXCLUSIVE is a lock no claim waits for, even queued. So
+	// it may wait until the deadline. An autovacuum of the table yields to
+	// it.
 	validate := func() error {
 		return l.moveStep(ctx, until, `SELECT pg_catalog.set_config('lock_timeout', '`+
 			fmt.Sprint(max(time.Until(until).Milliseconds(), 1))+`ms', true)`,
@@ -161,7 +164,7 @@ $pgdedup$`
 	}
 	err = validate()
 	if shape.IsCode(err, "23514") {
-		// Rows outside the range, from before the check: moved into it.
+		// Rows outside the range, from before the check, are moved into it.
 		if err = l.moveIntoRange(ctx, until, table, at); err == nil {
 			err = validate()
 		}
@@ -223,10 +226,10 @@ $pgdedup$`
 }
 
 // moveIntoRange gives the rows of the plain table whose processed_at is
-// outside the legacy partition's range (before legacyFrom, or at or after
-// the switch at; only a raw INSERT or an import makes them, and any role
-// with INSERT may) a processed_at inside it: legacyFrom, or the database's
-// clock, which is before at. Their IDs stay claimed, and such a row can no
+// outside the legacy partition's range a processed_at inside it. Such rows
+// are before legacyFrom, or at or after the switch at. Only a raw INSERT
+// or an import makes them, and any role with INSERT may. Their new
+// processed_at is legacyFrom, or the database's clock, which is before at. Their IDs stay claimed, and such a row can no
 // longer hold the move off. The move's check, already in force, keeps new
 // ones out. Claims wait for no lock of this UPDATE (ROW EXCLUSIVE).
 func (l *Shape) moveIntoRange(ctx context.Context, until time.Time, table string, at time.Time) error {
@@ -241,11 +244,11 @@ WHERE processed_at < `+bound(legacyFrom)+` OR processed_at >= `+bound(at))
 	return err
 }
 
-// legacyFrom is Origin: the legacy partition's lower bound.
+// legacyFrom is Origin, the legacy partition's lower bound.
 var legacyFrom = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// populatedPlain reports whether the table is a plain table that holds rows:
-// two reads, no lock that claims wait for.
+// populatedPlain reports whether the table is a plain table that holds
+// rows. It reads twice and takes no lock that claims wait for.
 func (l *Shape) populatedPlain(ctx context.Context) (bool, error) {
 	var plain bool
 	err := l.db.QueryRow(ctx, `SELECT coalesce((SELECT relkind <> 'p' FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)), false)`,

@@ -1,12 +1,12 @@
 package partitioned
 
-// What a table swap (setupSQL, and the online move in move.go)
-// carries from the plain table to the partitioned one, besides its columns,
-// defaults, table grants and 00003's key trigger: row-level security (its
+// A table swap (setupSQL, and the online move in move.go) carries more
+// from the plain table to the partitioned one than its columns, defaults,
+// table grants and 00003's key trigger. It carries row-level security (its
 // switch, FORCE and every policy) and column grants. A trigger of the
 // user's own is refused with an error naming it, rather than dropped
-// silently: a row trigger on a partitioned table fires on every partition,
-// and whether that is what its author meant is not for Setup to decide.
+// silently. A row trigger on a partitioned table fires on every partition.
+// Whether that is what its author meant is not for Setup to decide.
 
 // keepObjectsSQL returns two pieces of PL/pgSQL for a swap. collect, run
 // while the plain table (the OID expression src) still stands, refuses its

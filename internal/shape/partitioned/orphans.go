@@ -12,16 +12,16 @@ import (
 )
 
 // A partition is dropped in two steps, DETACH … CONCURRENTLY (or FINALIZE)
-// and then DROP TABLE, and a cleaner stopped between them (killed, its
-// context cancelled, its connection cut) leaves a table that is no longer a
-// partition: no later run would see it. So before detaching, Cleanup marks
+// and then DROP TABLE. A cleaner stopped between them leaves a table that
+// is no longer a partition, and no later run would see it. The cleaner may
+// have been killed, or its context cancelled, or its connection cut. So before detaching, Cleanup marks
 // the partition with a comment naming its parent and its bounds, and each
 // run drops the tables of the parent's schema that are no partition and
 // carry the exact mark pgdedup writes under the exact name it gives that
 // partition. A table a user made, or detached by hand, has no such mark
 // and is never dropped.
 //
-// No claim reads such a table: the detach completed, and both DETACH …
+// No claim reads such a table. The detach completed, and both DETACH …
 // CONCURRENTLY and FINALIZE return only after every transaction that could
 // still see the partition as part of the table has ended. A session that
 // reads it directly holds DROP TABLE off for lock_timeout (2 s), and the
@@ -34,8 +34,8 @@ func detachMark(parent string, from, to time.Time) string {
 		from.UTC().Format(time.RFC3339Nano) + " to " + to.UTC().Format(time.RFC3339Nano)
 }
 
-// markDetach puts detachMark on partition p before it is detached (COMMENT
-// takes SHARE UPDATE EXCLUSIVE on p only: claims go on).
+// markDetach puts detachMark on partition p before it is detached. COMMENT
+// takes SHARE UPDATE EXCLUSIVE on p only, and claims go on.
 func (l *Shape) markDetach(ctx context.Context, st *partitionState, p partitionInfo) error {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)

@@ -27,8 +27,8 @@ func (l *Shape) Setup(ctx context.Context, span time.Duration, relook func()) er
 	case populated && wasDistributed:
 		return l.RefusePopulated(l.table)
 	case populated:
-		// Moved online, without the lock below, which claims would queue
-		// behind; the old table covers the past.
+		// It is moved online, without the lock below, which claims would
+		// queue behind. The old table covers the past.
 		if _, err := l.movePopulated(ctx, span); err != nil {
 			return err
 		}
@@ -62,7 +62,7 @@ func (l *Shape) Setup(ctx context.Context, span time.Duration, relook func()) er
 		if code, _ := shape.SQLState(err); code != "PGD01" || wasDistributed {
 			return fmt.Errorf("pgdedup: setup %s: %w", l.table, shape.WithDetail(err))
 		}
-		// Rows came in since populatedPlain looked: moved online.
+		// Rows came in since populatedPlain looked, so it is moved online.
 		if _, err := l.movePopulated(ctx, span); err != nil {
 			return err
 		}
@@ -76,8 +76,9 @@ func (l *Shape) Setup(ctx context.Context, span time.Duration, relook func()) er
 		}
 	}
 	relook()
-	// Partitions for the past Retention too, for IDs imported with their
-	// original times (sealed already: no claim chooses them).
+	// Partitions for the past Retention are made too, for IDs imported
+	// with their original times. They are sealed already, and no claim
+	// chooses them.
 	if _, err := l.createPartitions(ctx, l.retention); err != nil {
 		return err
 	}

@@ -11,34 +11,35 @@ import (
 	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
-// Sealing waits for every transaction holding a lock on the table; one that
-// stays open (idle in transaction, a stuck batch job, a forgotten prepared
-// transaction) holds it up for as long, and meanwhile every claim inserts
-// into one more partition per span. That is the partitioned layout's
-// starved cleanup: sealing due (the oldest unsealed partition ended) for a
-// whole span or more, and this run's wait still finding transactions open.
-// Cleanup then returns shape.ErrCleanupStarved naming them, after doing the rest
-// of its work. A pending DETACH … FINALIZE waits for the same transactions:
-// one that holds it up for a span holds sealing up too.
+// Sealing waits for every transaction holding a lock on the table. One that
+// stays open holds it up for as long. It may be idle in transaction, a
+// stuck batch job or a forgotten prepared transaction. Meanwhile every
+// claim inserts into one more partition per span. That is the partitioned
+// shape's starved cleanup. Sealing has been due for a whole span or more,
+// since the oldest unsealed partition ended, and this run's wait still
+// finds transactions open. Cleanup then returns ErrCleanupStarved naming
+// them, after doing the rest of its work. A pending DETACH … FINALIZE waits
+// for the same transactions. One that holds it up for a span holds sealing
+// up too.
 
-// Partition creation takes no turn (createPartition), so no session can
+// Partition creation takes no turn (createPartition). So no session can
 // stop it by holding the cleaners' advisory lock. What holds it up is a
 // lock on the table that ATTACH PARTITION (SHARE UPDATE EXCLUSIVE) or
-// CREATE TABLE … LIKE waits for: a long manual VACUUM, ANALYZE or CREATE
-// INDEX CONCURRENTLY, a transaction that locked the table in a stronger
-// mode. After a second more than another cleaner's detach may hold it
-// (createLockTimeout: 6 s by default) the partition is left to the next run,
-// and the run returns shape.ErrCleanupStarved naming the sessions, after doing the
-// rest of its work.
-// Claims fail only once the clock passes the last partition created: the
-// first run after a partition fell due reports it, with the partitions
-// ahead (Ahead spans) still to go, less the time since the switch.
+// CREATE TABLE … LIKE waits for. That may be a long manual VACUUM, ANALYZE
+// or CREATE INDEX CONCURRENTLY, or a transaction that locked the table in
+// a stronger mode. The wait is a second more than another cleaner's detach
+// may hold the lock (createLockTimeout, 6 s by default). After it the
+// partition is left to the next run. The run returns ErrCleanupStarved
+// naming the sessions, after doing the rest of its work. Claims fail only
+// once the clock passes the last partition created. The first run after a
+// partition fell due reports it, with the partitions ahead (Ahead spans)
+// still to go, less the time since the switch.
 
 // cleanerCreating reports whether every session holding a lock on the table
-// that creation waits for is a cleaner creating partitions: it holds the
-// cleaners' advisory lock too (createPartitionSQL takes it when free, after
-// its lock on the table, which only roles that may change the table's rows
-// can take).
+// that creation waits for is a cleaner creating partitions. Such a session
+// holds the cleaners' advisory lock too. createPartitionSQL takes it when
+// free, after its lock on the table, which only roles that may change the
+// table's rows can take.
 func (l *Shape) cleanerCreating(ctx context.Context) bool {
 	oid := `'` + l.table + `'::pg_catalog.regclass::pg_catalog.oid`
 	var creating bool
@@ -51,9 +52,9 @@ AND a.granted AND a.classid = `+shape.CleanupLockClass+`::pg_catalog.oid AND a.o
 	return err == nil && creating
 }
 
-// creationStarved returns an error wrapping shape.ErrCleanupStarved: partitions
-// blocked could not be created for a lock; st's partitions and made (this
-// run's) say when claims would fail.
+// creationStarved returns an error wrapping ErrCleanupStarved. The
+// partitions blocked could not be created for a lock. st's partitions and
+// made (this run's) say when claims would fail.
 func (l *Shape) creationStarved(ctx context.Context, st *partitionState, made []shape.Span, blocked []string) error {
 	var until time.Time
 	for _, p := range st.parts {
@@ -110,9 +111,9 @@ ORDER BY 5 NULLS FIRST, 1`, open)
 		shape.ErrCleanupStarved, l.table, st.sealed.Add(st.span).UTC().Format(time.RFC3339), who)
 }
 
-// describeSession describes a session holding a lock, for shape.ErrCleanupStarved:
-// its pid, role, application_name, state and transaction start (a nil pid:
-// a prepared transaction).
+// describeSession describes a session holding a lock, for
+// ErrCleanupStarved. It gives its pid, role, application_name, state and
+// transaction start. A nil pid is a prepared transaction.
 func describeSession(pid *int32, role, app, state string, since *time.Time) string {
 	if pid == nil {
 		return "a prepared transaction (pg_prepared_xacts)"

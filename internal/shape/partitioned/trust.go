@@ -13,20 +13,20 @@ import (
 
 // pgdedup never uses an object it did not create in the same transaction
 // (issue 26). A role with CREATE on the table's schema can create any name
-// first: a pgdedup_partitions with triggers, a sequence named like a
-// partition's unique index, a table named like the next partition, a
-// function named like a placement's claim function. So no statement of pgdedup
-// says IF NOT EXISTS or OR REPLACE on a name in that schema. Each object is
-// created by a plain CREATE, after a check in the same transaction that the
-// name is free, and an object found under a wanted name is used only if it
-// passes the checks below; otherwise the statement fails with an error that
-// names the object and its owner (SQLSTATE PGD05).
+// first. It could make a pgdedup_partitions with triggers, a sequence named
+// like a partition's unique index, a table named like the next partition,
+// or a function named like a placement's claim function. So no statement
+// of pgdedup says IF NOT EXISTS or OR REPLACE on a name in that schema.
+// Each object is created by a plain CREATE, after a check in the same
+// transaction that the name is free. An object found under a wanted name is
+// used only if it passes the checks below. Otherwise the statement fails
+// with an error that names the object and its owner (SQLSTATE PGD05).
 //
 // An owner is trusted if its code may run as the session without giving
-// anyone more than they have: the dedup table's owner, the role running
-// pgdedup, or a superuser.
+// anyone more than they have. The trusted owners are the dedup table's
+// owner, the role running pgdedup, and superusers.
 
-// TrustedSQL is an SQL condition: the role of OID o (an expression) is
+// TrustedSQL is an SQL condition that the role of OID o (an expression) is
 // trusted for the table of OID t (an expression).
 func TrustedSQL(o, t string) string {
 	return `(` + o + ` OPERATOR(pg_catalog.=) (SELECT relowner FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) ` + t + `)
@@ -73,9 +73,10 @@ func refuseTakenSQL(nsp, t string, names ...string) string {
 }
 
 // partitionMetaSQL is PL/pgSQL that makes pgdedup_partitions (meta, quoted)
-// usable for the table of OID t (an expression): created if missing (in the
-// caller's transaction), and otherwise checked: a plain table of a trusted
-// owner, without triggers, rules or row security. It needs `r record`.
+// usable for the table of OID t (an expression). It is created if missing,
+// in the caller's transaction. Otherwise it must be a plain table of a
+// trusted owner, without triggers, rules or row security. It needs the
+// variable r of type record.
 func partitionMetaSQL(meta, t string) string {
 	return `    IF pg_catalog.to_regclass(` + shape.QuoteLiteral(meta) + `) IS NULL THEN
         CREATE TABLE ` + meta + ` (
@@ -123,10 +124,10 @@ func (l *Shape) checkPartitionMeta(ctx context.Context) error {
 	return nil
 }
 
-// checkPartitionSQL is PL/pgSQL that, if the table of OID t (an expression)
-// has a partition named name, checks it and RETURNs: its owner must be
-// trusted, and it must have a valid unique index on exactly the columns
-// unique (plain names). It needs `r record`.
+// checkPartitionSQL is PL/pgSQL that checks the partition named name of the
+// table of OID t (an expression), if there is one, and then RETURNs. Its
+// owner must be trusted. It must have a valid unique index on exactly the
+// columns unique (plain names). It needs the variable r of type record.
 func checkPartitionSQL(t, name string, unique ...string) string {
 	return `    SELECT c.oid, c.relowner, pg_catalog.pg_get_userbyid(c.relowner) AS owner INTO r
     FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
@@ -173,8 +174,9 @@ ORDER BY 1`)
 
 // fillKeyCheckSQL is PL/pgSQL that refuses the functions named
 // pgdedup_fill_key in the schema of OID nsp (an expression) unless their
-// owner is trusted: the insert trigger Setup creates calls it as every
-// role that inserts. Migration 00003 made it. It needs `r record`.
+// owner is trusted. The insert trigger Setup creates calls it as every role
+// that inserts. Migration 00003 made it. It needs the variable r of type
+// record.
 func fillKeyCheckSQL(nsp, t string) string {
 	return `    FOR r IN SELECT p.proowner, n.nspname, pg_catalog.pg_get_userbyid(p.proowner) AS owner
              FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
