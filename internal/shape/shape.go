@@ -171,7 +171,10 @@ var ErrCleanupStarved = errors.New("pgdedup: cleanup never got its turn")
 // answers ActionRequeue for it. Its message is the error's own.
 type CurableError struct{ Err error }
 
+// Error returns the error's own message.
 func (e *CurableError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error.
 func (e *CurableError) Unwrap() error { return e.Err }
 
 // ConnLostError marks an error as the loss of the connection to the
@@ -179,7 +182,10 @@ func (e *CurableError) Unwrap() error { return e.Err }
 // type alone. Its message is the error's own.
 type ConnLostError struct{ Err error }
 
+// Error returns the error's own message.
 func (e *ConnLostError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error.
 func (e *ConnLostError) Unwrap() error { return e.Err }
 
 // detailError adds the server's DETAIL and HINT to the message of a

@@ -57,23 +57,44 @@ type Claims struct {
 	Batch string
 }
 
-// OneServer is a partitioned table on one PostgreSQL server.
+// OneServer is a partitioned table on one PostgreSQL server. It
+// distributes nothing, so the hooks for a distributed table are never
+// called on it.
 type OneServer struct{ plain.Placement }
 
 var errNotDistributed = errors.New("pgdedup: the table is not distributed")
 
+// Claims returns nil, for the shape's own claims.
 func (OneServer) Claims(plain.Statements, string) *Claims { return nil }
-func (OneServer) Distribution(context.Context, shape.DB, string) (string, error) {
-	return "", nil
-}
+
+// Distribution returns "", since nothing distributes the table.
+func (OneServer) Distribution(context.Context, shape.DB, string) (string, error) { return "", nil }
+
+// Distributed returns false.
 func (OneServer) Distributed(context.Context, shape.DB, string) (bool, error) { return false, nil }
-func (OneServer) AttachLock(string) string                                    { return "" }
+
+// AttachLock is never called.
+func (OneServer) AttachLock(string) string { return "" }
+
+// WaitPrepared is never called.
 func (OneServer) WaitPrepared(context.Context, shape.DB, string, string, string, time.Duration) ([]string, error) {
 	return nil, errNotDistributed
 }
-func (OneServer) PreparedStarved(string, time.Time, []string) error      { return errNotDistributed }
+
+// PreparedStarved is never called.
+func (OneServer) PreparedStarved(string, time.Time, []string) error { return errNotDistributed }
+
+// Detach is never called.
 func (OneServer) Detach(context.Context, shape.DB, string, string) error { return errNotDistributed }
-func (OneServer) SizesSQL() string                                       { return "" }
-func (OneServer) SetupSQL(string) (string, string)                       { return "", "" }
-func (OneServer) RefusePopulated(string) error                           { return errNotDistributed }
-func (OneServer) CreateClaims(context.Context, shape.DB, string) error   { return errNotDistributed }
+
+// SizesSQL is never called.
+func (OneServer) SizesSQL() string { return "" }
+
+// SetupSQL adds nothing to Setup.
+func (OneServer) SetupSQL(string) (string, string) { return "", "" }
+
+// RefusePopulated is never called.
+func (OneServer) RefusePopulated(string) error { return errNotDistributed }
+
+// CreateClaims is never called.
+func (OneServer) CreateClaims(context.Context, shape.DB, string) error { return errNotDistributed }
