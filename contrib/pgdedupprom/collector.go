@@ -47,13 +47,8 @@ type Options struct {
 	Timeout time.Duration
 
 	// MaxAge lets a scrape reuse a read younger than this instead of counting
-	// the table again. Stats reads every row in one sequential scan, which
-	// takes seconds on tens of millions, and every Prometheus server that
-	// scrapes the service (two, in a highly available pair) would start one.
-	// The values then lag by up to MaxAge, which the alerts this collector
-	// serves (expired rows piling up over many minutes, a table growing over
-	// hours) do not notice. A negative MaxAge reads on every scrape. Defaults
-	// to [DefaultMaxAge].
+	// the table again, so the values lag by up to MaxAge. A negative MaxAge
+	// reads on every scrape. Defaults to [DefaultMaxAge].
 	MaxAge time.Duration
 
 	// Logger receives a warning for each failed read. Defaults to discarding.
@@ -63,7 +58,12 @@ type Options struct {
 const defaultTimeout = 10 * time.Second
 
 // DefaultMaxAge is [Options.MaxAge] when left zero. The table is read once a
-// minute, however often and by however many servers it is scraped.
+// minute, however often and by however many servers it is scraped. Stats
+// reads every row in one sequential scan, which takes seconds on tens of
+// millions, and every Prometheus server that scrapes the service (two, in a
+// highly available pair) would start one. The alerts this collector serves
+// (expired rows piling up over many minutes, a table growing over hours) do
+// not notice a minute's lag.
 const DefaultMaxAge = time.Minute
 
 // Collector is a [prometheus.Collector] of a Store's table stats. It is safe

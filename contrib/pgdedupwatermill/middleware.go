@@ -21,10 +21,9 @@ var ErrNoKey = errors.New("pgdedupwatermill: message has no ID in its metadata")
 // Config configures a [Deduplicator].
 type Config struct {
 	// MetadataKey names the message metadata field whose value is the message's
-	// ID, for producers that set a business ID (an order ID) there. Two
-	// messages with the same value are then the same message. Defaults to "",
-	// which uses the Watermill message UUID. A redelivery keeps the UUID, but a
-	// producer's retry that builds a new message does not.
+	// ID, for producers that set a business ID (an order ID) there. Left empty,
+	// the ID is the Watermill message UUID, which a redelivery keeps but a
+	// producer's retry that builds a new message does not. Defaults to "".
 	MetadataKey string
 }
 
