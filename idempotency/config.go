@@ -161,11 +161,10 @@ type Config struct {
 	// and 422 answers point to it (draft-ietf-httpapi-idempotency-key-header
 	// §2.7): their problem type is DocsURL with the fragment of their section
 	// (#missing-key, #invalid-key, #key-in-flight, #body-too-large,
-	// #key-reused, #key-expired) and they carry Link: <DocsURL>;
-	// rel="describedby". Serve the page with [Middleware.Docs] at that path,
-	// or write your own. It must have no fragment. Defaults to
-	// [DefaultDocsURL], a path on the same server, which clients resolve
-	// against the request's URL.
+	// #key-reused) and they carry Link: <DocsURL>; rel="describedby". Serve
+	// the page with [Middleware.Docs] at that path, or write your own. It must
+	// have no fragment. Defaults to [DefaultDocsURL], a path on the same
+	// server, which clients resolve against the request's URL.
 	DocsURL string
 
 	// ReplayHeaders are the response headers stored and replayed (the first
@@ -282,7 +281,7 @@ func New(db DB, cfg Config) (*Middleware, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	m := &Middleware{
-		db: db, store: store, cfg: cfg, log: log, legacySQL: legacyLookup(store.Table()),
+		db: db, store: store, cfg: cfg, log: log,
 		customFingerprint: customFingerprint,
 		safe:              map[string]bool{},
 		notKept:           map[int]bool{},

@@ -154,10 +154,6 @@ processed.</p>
 <p>This key was used for a different request. Nothing was processed. Use a new key
 for a new request; to get the first request's answer, send that request again.</p>
 
-<h2 id="key-expired">422: {{.Header}} has expired</h2>
-<p>This key was first used more than {{.Retention}} ago: its answer is no longer kept
-or sent. Nothing was processed. Use a new key.</p>
-
 <h2 id="busy">503: the server is busy</h2>
 <p>The server had no capacity for the request and did not process it. Retry later,
 with the same key; the answer carries <code>Retry-After</code>.</p>

@@ -70,8 +70,6 @@ type Middleware struct {
 	store *pgdedup.Store
 	cfg   Config
 	log   *slog.Logger
-	// legacySQL reads answers stored by earlier versions (store.go).
-	legacySQL string
 
 	// customFingerprint is whether Config.Fingerprint was set, for Docs.
 	customFingerprint bool

@@ -31,7 +31,6 @@ var (
 	missingKey   = problemKind{"missing-key", " is missing"}
 	invalidKey   = problemKind{"invalid-key", " is invalid"}
 	keyReused    = problemKind{"key-reused", " is already used"}
-	keyExpired   = problemKind{"key-expired", " has expired"}
 	keyInFlight  = problemKind{"key-in-flight", ": a request is outstanding for this key"}
 	bodyTooLarge = problemKind{"body-too-large", ": the request body is too large"}
 	// otherProblem is not about the key's use (an unreadable body, a

@@ -62,7 +62,6 @@ type response struct {
 	header      http.Header
 	body        []byte    // empty, not nil, when omitted
 	omitted     bool      // the body was not stored (see BodyOmittedHeader)
-	expired     bool      // stored responses only: past expires_at, not to be replayed
 	sealed      bool      // body is what Config.StoredBody sealed, to open before a replay
 	stored      *response // what save stored of this response, once it has
 }

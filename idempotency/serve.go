@@ -3,7 +3,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -155,42 +154,21 @@ func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 	defer release()
 	fp := m.fingerprint(r, body)
-
-	// A key found as a duplicate can expire and be cleaned before its answer
-	// is read from the columns of an earlier version; then it is claimed
-	// again, as a new key.
-	for range 3 {
-		rec, result, processed, err := m.process(r, next, id, fp, body)
-		if done, kept := m.answer(w, r, id, fp, rec, processed, err); done {
-			return kept
-		}
-		stored, found, err := m.replayed(r.Context(), id, fp, result)
-		switch {
-		case err != nil:
-			m.fail(w, r, err)
-			return nil
-		case !found:
-			continue
-		case stored.expired:
-			m.keyExpired(w)
-			return nil
-		case stored.status == 0:
-			m.keyReused(w) // a message ID of another use of this Consumer name
-			return nil
-		case !bytes.Equal(stored.fingerprint, fp):
-			m.keyReused(w)
-			return stored
-		}
-		stored.send(w, true)
-		return stored
+	rec, result, processed, err := m.process(r, next, id, fp, body)
+	if done, kept := m.answer(w, r, id, fp, rec, processed, err); done {
+		return kept
 	}
-	m.fail(w, r, errors.New("idempotency: key kept expiring between claim and lookup"))
-	return nil
-}
-
-// keyExpired answers a request whose key's row has expired.
-func (m *Middleware) keyExpired(w http.ResponseWriter) {
-	m.problem(w, http.StatusUnprocessableEntity, keyExpired, fmt.Sprintf("This %s was first used more than %s ago and has expired: its answer is no longer kept. Use a new key for a new request.", m.cfg.Header, formatDuration(m.store.Retention())))
+	stored, err := m.replayed(id, fp, result)
+	switch {
+	case err != nil:
+		m.fail(w, r, err)
+		return nil
+	case stored.status == 0:
+		m.keyReused(w) // a message ID of another use of this Consumer name
+		return nil
+	}
+	stored.send(w, true)
+	return stored
 }
 
 // readBody reads the request's body whole, at most MaxRequestBody bytes
