@@ -323,8 +323,8 @@ func TestMigration00007WaitsForLegacyAnswersToExpire(t *testing.T) {
 	if _, err := p.UpTo(ctx, 6); err != nil {
 		t.Fatal(err)
 	}
-	// An HTTP key answered before 00006, still live; another one expired
-	// but not yet deleted; and a message ID.
+	// An HTTP key answered before 00006 and still live, another one expired
+	// but not yet deleted, and a message ID.
 	mustExec(t, db.Pool, `INSERT INTO processed_messages (consumer, message_id, expires_at, request_fingerprint, response_status, response_headers, response_body)
 VALUES ('http', 'live', '2999-01-02 03:04:05+00', '\x01', 201, '{}', 'ok'),
        ('http', 'expired', now() - interval '1 second', '\x02', 201, '{}', 'ok')`)
@@ -354,7 +354,7 @@ VALUES ('http', 'live', '2999-01-02 03:04:05+00', '\x01', 201, '{}', 'ok'),
 		t.Fatalf("%d rows after 00007, want 3", n)
 	}
 
-	// Down adds the columns back, empty; Up drops them again.
+	// Down adds the columns back, empty, and Up drops them again.
 	if _, err := p.Down(ctx); err != nil {
 		t.Fatalf("down of 00007: %v", err)
 	}

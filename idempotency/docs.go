@@ -12,11 +12,11 @@ import (
 )
 
 // Docs returns a handler serving the page Config.DocsURL names, written from
-// the middleware's Config: the key's syntax and length, how long a key is kept
-// (Store.Retention), what makes two requests the same, and a section for each
-// error answer, whose fragment is that answer's problem type. The draft
-// (§2.5, §2.3) asks a server to publish exactly this. Mount it where DocsURL
-// points:
+// the middleware's Config. The page gives the key's syntax and length, how
+// long a key is kept (Store.Retention), what makes two requests the same, and
+// a section for each error answer, whose fragment is that answer's problem
+// type. The draft (§2.5, §2.3) asks a server to publish exactly this. Mount it
+// where DocsURL points.
 //
 //	mux.Handle("GET "+idempotency.DefaultDocsURL, mw.Docs())
 func (m *Middleware) Docs() http.Handler {

@@ -84,7 +84,7 @@ FROM generate_series(1, $1) AS i`, rows); err != nil {
 		t.Fatalf("new key again: %d %v %s", r.Code, r.Header(), r.Body)
 	}
 
-	// And back down: 00007's Down adds the columns of 00002 back, 00002's
+	// And back down. 00007's Down adds the columns of 00002 back, 00002's
 	// drops them again, and the rows stay.
 	if _, err := p.DownTo(ctx, 1); err != nil {
 		t.Fatalf("down to 1: %v", err)

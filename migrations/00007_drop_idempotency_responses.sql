@@ -1,7 +1,7 @@
 -- pgdedup: drop the columns of migration 00002.
 --
 -- Before migration 00006 the idempotency middleware kept each answer in four
--- columns of its own: request_fingerprint, response_status, response_headers
+-- columns of its own, request_fingerprint, response_status, response_headers
 -- and response_body. Since 00006 it keeps them in fingerprint and result, like
 -- any stored result. This release no longer reads the old columns, so they go.
 --
@@ -160,7 +160,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
--- The columns come back empty: the answers they held are gone. A release
+-- The columns come back empty, and the answers they held are gone. A release
 -- from before this migration reads them again and finds no answer there,
 -- which it treats like a row without one. Adding them changes only the
 -- catalog, as in 00002, under a short lock that is tried again like those
