@@ -34,9 +34,10 @@ func TestDownDropsOfEachMigration(t *testing.T) {
 				{kind: "function", name: "pgdedup_key(text, text)"},
 			},
 		},
-		"00004_processed_offsets.sql":    {losses: []loss{{table: "processed_offsets"}}},
-		"00005_function_search_path.sql": {}, // its Down reverts nothing
-		"00006_fingerprint_result.sql":   {losses: []loss{{table: "processed_messages", columns: []string{"fingerprint", "result"}}}},
+		"00004_processed_offsets.sql":          {losses: []loss{{table: "processed_offsets"}}},
+		"00005_function_search_path.sql":       {}, // its Down reverts nothing
+		"00006_fingerprint_result.sql":         {losses: []loss{{table: "processed_messages", columns: []string{"fingerprint", "result"}}}},
+		"00007_drop_idempotency_responses.sql": {}, // its Down adds 00002's columns back, empty
 	}
 	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(names) == 0 {

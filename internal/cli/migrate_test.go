@@ -75,6 +75,11 @@ func TestMigrateLifecycle(t *testing.T) {
 		if r.code != 1 || !strings.Contains(r.stdout, "migrate down reverts "+files[i]) || !strings.Contains(r.stderr, "--confirm") {
 			t.Errorf("down from %s without --confirm: %s", files[i], r)
 		}
+		// 00007's Down adds 00002's columns back, and this pgdedup needs
+		// nothing that 00007 made.
+		if strings.HasPrefix(files[i], "00007_") && (!strings.Contains(r.stdout, "It drops nothing.\n") || strings.Contains(r.stdout, "Afterwards")) {
+			t.Errorf("down from %s: %s", files[i], r)
+		}
 		args := []string{"migrate", "down", "--confirm", "--database-url", db.URL}
 		if i == 0 {
 			if r = run(t, args...); r.code != 1 || !strings.Contains(r.stdout, "table processed_messages: ") ||
