@@ -149,11 +149,6 @@ type messageStatements struct {
 	lockTimeoutMS     int64  // Config.LockTimeout in milliseconds, rounded up; 0 for none
 }
 
-// ownLast orders the rows of an ID with those of the current transaction
-// last, and keeps the first.
-const ownLast = `
-ORDER BY xmin = pg_catalog.pg_current_xact_id_if_assigned()::xid LIMIT 1`
-
 func newMessageStatements(table pgx.Identifier, retention, lockTimeout time.Duration) messageStatements {
 	t := table.Sanitize()
 	expires := fmt.Sprintf("now() + interval '%d microseconds'", retention.Microseconds())
@@ -173,10 +168,8 @@ RETURNING message_id`,
 		forget:        `DELETE FROM ` + t + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2`,
 		lockTimeoutMS: int64((lockTimeout + time.Millisecond - 1) / time.Millisecond),
 		// A row is the ID's record until it is deleted, expired or not.
-		// Rows of other transactions first: on the partitioned layout a
-		// duplicate may have written a copy of its own (noStrayCopies).
-		storedFingerprint: `SELECT fingerprint FROM ` + t + where + ownLast,
-		storedResult:      `SELECT fingerprint, result FROM ` + t + where + ownLast,
+		storedFingerprint: `SELECT fingerprint FROM ` + t + where,
+		storedResult:      `SELECT fingerprint, result FROM ` + t + where,
 		storeResult:       `UPDATE ` + t + ` SET result = $4` + where,
 	}
 	m.claimWith[0] = m.claim

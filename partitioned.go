@@ -67,9 +67,10 @@ type partitionedLayout struct {
 // caller's transaction commits (TestPartitionedDuplicateLeavesNoCopies). So
 // claims then look the ID up in the unsealed partitions too, and insert
 // nothing if it is there. A duplicate running beside its first claim can
-// still add a copy (it cannot see that claim's rows). The reads that follow
-// a claim (storedFingerprint, storedResult) therefore prefer rows that
-// their own transaction did not write.
+// still add a copy, because it cannot see that claim's rows. The reads that
+// follow a claim (storedFingerprint, storedResult) cannot tell such a copy
+// from the first claim's rows: ordering by xmin would need SELECT on the
+// whole table, which the HTTP role's column grants do not give.
 
 // partitionOrigin is where partition spans are counted from: partitions
 // start at whole multiples of the span after it (date_bin's origin).
