@@ -83,14 +83,14 @@ type Config struct {
 	CleanupTurnWait time.Duration
 
 	// Layout is the shape of the dedup table that [Store.Setup] creates:
-	// [Plain] (the default) or [Partitioned]. Claims, Cleanup and Stats
-	// follow the table as they find it, whatever Layout says: a Partitioned
+	// [LayoutPlain] (the default) or [LayoutPartitioned]. Claims, Cleanup and Stats
+	// follow the table as they find it, whatever Layout says: a LayoutPartitioned
 	// Store rolled out before Setup claims on the plain table, and follows
 	// the table once Setup has moved it (within a minute). Layout only
 	// decides what Setup makes. See docs/partitioning.md.
 	Layout Layout
 
-	// Partitions is how many partitions of the [Partitioned] layout span one
+	// Partitions is how many partitions of the [LayoutPartitioned] layout span one
 	// Retention: each covers Retention ÷ Partitions of claim time (at least
 	// [MinPartitionSpan]). More, smaller partitions keep the index a claim
 	// writes to smaller (less WAL), at the price of one more index probe per
@@ -192,15 +192,15 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("CleanupBatchSize", "must not be negative, got %d", cfg.CleanupBatchSize)
 	case cfg.CleanupTurnWait < 0:
 		return nil, nil, bad("CleanupTurnWait", "must not be negative, got %s", cfg.CleanupTurnWait)
-	case cfg.Layout != Plain && cfg.Layout != Partitioned:
-		return nil, nil, bad("Layout", "is %d, neither Plain nor Partitioned", int(cfg.Layout))
+	case cfg.Layout != LayoutPlain && cfg.Layout != LayoutPartitioned:
+		return nil, nil, bad("Layout", "is %d, neither LayoutPlain nor LayoutPartitioned", int(cfg.Layout))
 	case cfg.Partitions < 0:
 		return nil, nil, bad("Partitions", "must not be negative, got %d", cfg.Partitions)
 	case attachedPartitions(cmp.Or(cfg.Partitions, DefaultPartitions)) > maxAttachedPartitions:
 		return nil, nil, bad("Partitions", "%d is over %d: every claim locks each attached partition and its indexes (about %d locks with %d attached) "+
 			"in PostgreSQL's shared lock table (max_locks_per_transaction × max_connections); make fewer, longer partitions",
 			cmp.Or(cfg.Partitions, DefaultPartitions), MaxPartitions, claimLocks(maxAttachedPartitions), maxAttachedPartitions)
-	case cfg.Layout == Partitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
+	case cfg.Layout == LayoutPartitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
 		return nil, nil, bad("Partitions", "%d would make partitions of %s, shorter than %s", cmp.Or(cfg.Partitions, DefaultPartitions),
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
 	case cfg.MaxResultBytes < 0:
@@ -222,23 +222,23 @@ type Layout int
 
 // The layouts of the dedup table.
 const (
-	// Plain is one table with one unique index on key, as [Migrate] creates
+	// LayoutPlain is one table with one unique index on key, as [Migrate] creates
 	// it; Cleanup deletes expired rows.
-	Plain Layout = iota
-	// Partitioned is a table partitioned by claim time, one partition per
+	LayoutPlain Layout = iota
+	// LayoutPartitioned is a table partitioned by claim time, one partition per
 	// Retention ÷ [Config.Partitions]: a claim writes to the current
 	// partition's small index, and Cleanup forgets old IDs by dropping whole
 	// partitions, on plain PostgreSQL or a table Citus distributes. See
 	// [Store.Setup] and docs/partitioning.md.
-	Partitioned
+	LayoutPartitioned
 )
 
 // String returns "plain" or "partitioned".
 func (l Layout) String() string {
 	switch l {
-	case Plain:
+	case LayoutPlain:
 		return "plain"
-	case Partitioned:
+	case LayoutPartitioned:
 		return "partitioned"
 	}
 	return fmt.Sprintf("Layout(%d)", int(l))

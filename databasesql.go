@@ -49,7 +49,7 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 // the previously stored one. It validates as ClaimOffsets does and costs two
 // round trips (the claim, then the read of the stored row that tells a
 // duplicate from a fenced claim), plus two with [Config.LockTimeout].
-func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p Partition, offsets []int64) (fresh []int64, err error) {
+func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
 	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 

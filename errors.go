@@ -27,13 +27,13 @@ var (
 	// it is retried.
 	ErrInFlight = errors.New("pgdedup: message is being processed by another transaction")
 
-	// ErrInvalidOffset is returned, wrapped with the reason, for a [Partition]
+	// ErrInvalidOffset is returned, wrapped with the reason, for a [TopicPartition]
 	// or offsets that cannot be claimed: an empty or invalid topic, a negative
 	// partition, generation or offset, or a batch whose offsets are not strictly
 	// increasing. Nothing is sent to the database.
 	ErrInvalidOffset = errors.New("pgdedup: invalid offset")
 
-	// ErrFenced is returned when a claim's [Partition.Generation] is older than
+	// ErrFenced is returned when a claim's [TopicPartition.Generation] is older than
 	// the one stored for the partition: another consumer was assigned the
 	// partition in a later generation and has committed since. Nothing was
 	// claimed; roll back, stop processing the partition and wait for the next
@@ -44,7 +44,7 @@ var (
 	// the turn, when it could not take the cleaners' turn and nobody was
 	// cleaning: for [Config.CleanupTurnWait], or for three runs in a row.
 	// Expired rows are piling up: find the session that holds the turn. On
-	// a [Partitioned] table it names the transactions that have kept
+	// a [LayoutPartitioned] table it names the transactions that have kept
 	// partitions from being sealed for a partition span (docs/partitioning.md).
 	ErrCleanupStarved = errors.New("pgdedup: cleanup never got its turn")
 

@@ -21,7 +21,7 @@ const (
 	// processed.
 	EventInFlight
 	// EventCleanup: a Cleanup run deleted Count expired rows in Duration (Err
-	// if it failed); on a [Partitioned] table, Created and Dropped list the
+	// if it failed); on a [LayoutPartitioned] table, Created and Dropped list the
 	// partitions it created and dropped.
 	EventCleanup
 	// EventPayloadMismatch: a delivery with [WithFingerprint] found its ID
@@ -49,7 +49,7 @@ type Event struct {
 	Duration  time.Duration // for EventProcessed and EventCleanup: time taken
 	Err       error         // for EventRetry, EventCleanup and EventPayloadMismatch
 
-	// Created and Dropped are, for EventCleanup on a [Partitioned] table,
+	// Created and Dropped are, for EventCleanup on a [LayoutPartitioned] table,
 	// the partitions the run created and those it dropped, oldest first
 	// (Count is then the rows these held, PostgreSQL's estimate); not nil,
 	// maybe empty, once the run reached the partitions. Both are nil on a
@@ -57,7 +57,7 @@ type Event struct {
 	Created, Dropped []PartitionSpan
 }
 
-// PartitionSpan is one partition of a [Partitioned] table that a Cleanup
+// PartitionSpan is one partition of a [LayoutPartitioned] table that a Cleanup
 // created or dropped ([Event]): it holds the claims From ≤ processed_at < To.
 type PartitionSpan struct {
 	Name string    `json:"name"` // in the table's schema

@@ -42,10 +42,11 @@ func key(consumer, messageID string) [16]byte {
 	return [16]byte(sum[:16])
 }
 
-// ContentKey returns the hex SHA-256 of payload, a message ID for sources that
-// give none (content-based dedup). Two messages with the same bytes get the same
-// key, so only use it where an identical payload means an identical intent.
-func ContentKey(payload []byte) string {
+// MessageIDFromContent returns the hex SHA-256 of payload, a message ID for
+// sources that give none (content-based dedup). Two messages with the same
+// bytes get the same ID, so only use it where an identical payload means an
+// identical intent.
+func MessageIDFromContent(payload []byte) string {
 	sum := sha256.Sum256(payload)
 	return hex.EncodeToString(sum[:])
 }

@@ -7,11 +7,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Partition is one partition of a topic in a partitioned log such as Kafka, as
+// TopicPartition is one partition of a topic in a partitioned log such as Kafka, as
 // a consumer holds it. pgdedup keeps one row per ([Config.Consumer], Topic,
 // Partition) in [Config.OffsetTable], holding the highest offset whose effects
 // committed: see [Store.ProcessOffsets].
-type Partition struct {
+type TopicPartition struct {
 	// Topic is the topic's name: non-empty, valid UTF-8, without NUL, at most
 	// [MaxMessageIDLen] bytes.
 	Topic string
@@ -78,7 +78,7 @@ WHERE consumer = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], 
 // claim with an older p.Generation than the stored one returns [ErrFenced].
 // ClaimOffset costs one round trip and does not retry. Claim the partitions of
 // one transaction in a consistent order, or two transactions can deadlock.
-func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p Partition, offset int64) (claimed bool, err error) {
+func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p TopicPartition, offset int64) (claimed bool, err error) {
 	fresh, err := s.ClaimOffsets(ctx, tx, p, []int64{offset})
 	return len(fresh) == 1, err
 }
@@ -90,13 +90,13 @@ func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p Partition, offset 
 // (Kafka leaves gaps after compaction and around transaction markers). The
 // whole batch is rejected with [ErrInvalidOffset] before anything is sent if
 // one offset is negative or out of order.
-func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p Partition, offsets []int64) (fresh []int64, err error) {
+func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
 	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
 
 // claimOffsets is ClaimOffsets and ClaimOffsetsSQL: it validates p and
 // offsets, then run claims them in the caller's transaction.
-func (s *Store) claimOffsets(p Partition, offsets []int64, run func(claim) error) (fresh []int64, err error) {
+func (s *Store) claimOffsets(p TopicPartition, offsets []int64, run func(claim) error) (fresh []int64, err error) {
 	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 	var parts []int32
 	for topic, ps := range assigned {
 		for _, n := range ps {
-			if err := validatePartition(Partition{Topic: topic, Partition: n}); err != nil {
+			if err := validatePartition(TopicPartition{Topic: topic, Partition: n}); err != nil {
 				return nil, err
 			}
 			topics, parts = append(topics, topic), append(parts, n)
@@ -156,7 +156,7 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 // duplicate from a fenced claim when nothing was updated.
 type offsetsClaim struct {
 	store   *Store
-	p       Partition
+	p       TopicPartition
 	offsets []int64 // validated, not empty
 
 	claimed   bool   // the upsert wrote the row
@@ -212,7 +212,7 @@ func (c *offsetsClaim) subject() string {
 func (c *offsetsClaim) messageID() string { return "" }
 func (c *offsetsClaim) size() int         { return len(c.offsets) }
 
-func validatePartition(p Partition) error {
+func validatePartition(p TopicPartition) error {
 	switch {
 	case len(p.Topic) > MaxMessageIDLen:
 		return fmt.Errorf("%w: topic of %d bytes, longer than %d", ErrInvalidOffset, len(p.Topic), MaxMessageIDLen)
@@ -229,7 +229,7 @@ func validatePartition(p Partition) error {
 
 // validateOffsets checks p and that offsets are non-negative and strictly
 // increasing: the order in which a consumer must hand them over.
-func validateOffsets(p Partition, offsets []int64) error {
+func validateOffsets(p TopicPartition, offsets []int64) error {
 	if err := validatePartition(p); err != nil {
 		return err
 	}

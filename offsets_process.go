@@ -10,7 +10,7 @@ import (
 // stored offset is already at or above it, in one transaction with advancing
 // the stored offset to offset, and reports whether fn ran. It is
 // [Store.ProcessOffsets] for one record; the rules for the consumer are there.
-func (s *Store) ProcessOffset(ctx context.Context, p Partition, offset int64, fn func(ctx context.Context, tx pgx.Tx) error) (processed bool, err error) {
+func (s *Store) ProcessOffset(ctx context.Context, p TopicPartition, offset int64, fn func(ctx context.Context, tx pgx.Tx) error) (processed bool, err error) {
 	if fn == nil {
 		return false, errNilFunc
 	}
@@ -33,7 +33,7 @@ func (s *Store) ProcessOffset(ctx context.Context, p Partition, offset int64, fn
 // offsets must be strictly increasing; gaps are allowed, since Kafka offsets
 // have them (compaction, transaction markers). Errors, panics and retries
 // behave as in [Store.Process]; a claim older than the stored generation
-// returns [ErrFenced] (see [Partition]).
+// returns [ErrFenced] (see [TopicPartition]).
 //
 // What the database enforces: the stored offset only moves forward, so a
 // record at or below it is never processed again, by this consumer or by a
@@ -45,7 +45,7 @@ func (s *Store) ProcessOffset(ctx context.Context, p Partition, offset int64, fn
 // record. After an error, do not go on to the partition's later records: retry,
 // or seek back to the stored offset. A poison record is skipped by committing
 // its offset with an fn that records it elsewhere (a dead-letter table).
-func (s *Store) ProcessOffsets(ctx context.Context, p Partition, offsets []int64, fn func(ctx context.Context, tx pgx.Tx, fresh []int64) error) (fresh []int64, err error) {
+func (s *Store) ProcessOffsets(ctx context.Context, p TopicPartition, offsets []int64, fn func(ctx context.Context, tx pgx.Tx, fresh []int64) error) (fresh []int64, err error) {
 	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
 		return nil, err
 	}

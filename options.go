@@ -25,7 +25,7 @@ type callOptions struct {
 const MaxFingerprintLen = 1024
 
 // WithFingerprint stores fingerprint with the claim: a digest of the
-// message's payload, such as its SHA-256 (see [ContentKey]). Key it (an
+// message's payload, such as its SHA-256 (see [MessageIDFromContent]). Key it (an
 // HMAC) when payloads are guessable, such as a PIN or an amount: an unkeyed
 // hash of one, read from the table or a backup, gives it away to whoever
 // hashes every candidate. A later delivery of the same ID whose fingerprint

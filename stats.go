@@ -36,7 +36,7 @@ type Stats struct {
 	Indexes []IndexStats `json:"indexes"`
 
 	// PartitionSpan, SealedBefore and Partitions describe a table of the
-	// [Partitioned] layout (zero otherwise): the claim time each partition
+	// [LayoutPartitioned] layout (zero otherwise): the claim time each partition
 	// covers, the time before which partitions are sealed (claims look them
 	// up rather than insert into them), and the partitions by time. Sizes
 	// and DeadTuples above are then the partitions' total; Indexes is empty.
@@ -60,7 +60,7 @@ type IndexStats struct {
 	Bytes  int64  `json:"bytes"`  // all its forks (pg_total_relation_size of the index)
 }
 
-// PartitionStats is one partition of a [Partitioned] table in [Stats].
+// PartitionStats is one partition of a [LayoutPartitioned] table in [Stats].
 type PartitionStats struct {
 	Name      string    `json:"name"`
 	From      time.Time `json:"from"` // the claim times it holds: From ≤ processed_at < To
