@@ -66,47 +66,6 @@ WHERE consumer = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], 
 	}
 }
 
-// ClaimOffset advances p's stored offset to offset inside tx, the caller's
-// transaction, and reports whether offset is new: higher than the stored one.
-// If tx commits, the offset is recorded; if tx rolls back, so is the claim. Run
-// the business write in tx only when claimed is true. A duplicate (an offset at
-// or below the stored one) returns (false, nil) and leaves tx usable.
-//
-// The claim locks p's row until tx ends: another transaction claiming p waits
-// for it, then skips (tx committed a higher offset) or proceeds (tx rolled
-// back); with [Config.LockTimeout] it gives up with [ErrInFlight] instead. A
-// claim with an older p.Generation than the stored one returns [ErrFenced].
-// ClaimOffset costs one round trip and does not retry. Claim the partitions of
-// one transaction in a consistent order, or two transactions can deadlock.
-func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p TopicPartition, offset int64) (claimed bool, err error) {
-	fresh, err := s.ClaimOffsets(ctx, tx, p, []int64{offset})
-	return len(fresh) == 1, err
-}
-
-// ClaimOffsets is [Store.ClaimOffset] for a fetched batch of one partition: in
-// one statement it advances p's stored offset to the highest of offsets and
-// returns those above the previously stored one, in order. offsets must be
-// strictly increasing (a fetch returns them so); gaps between them are allowed
-// (Kafka leaves gaps after compaction and around transaction markers). The
-// whole batch is rejected with [ErrInvalidOffset] before anything is sent if
-// one offset is negative or out of order.
-func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
-	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInTx(ctx, tx, c) })
-}
-
-// claimOffsets is ClaimOffsets and ClaimOffsetsSQL: it validates p and
-// offsets, then run claims them in the caller's transaction.
-func (s *Store) claimOffsets(p TopicPartition, offsets []int64, run func(claim) error) (fresh []int64, err error) {
-	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
-		return nil, err
-	}
-	c := &offsetsClaim{store: s, p: p, offsets: offsets}
-	if err := run(c); err != nil {
-		return nil, err
-	}
-	return c.freshOffsets(), nil
-}
-
 // ResumeOffsets returns, for each partition of assigned (topic → partition
 // numbers) that has a stored offset, the offset to resume consuming from: the
 // last processed one plus 1. Seek every assigned partition to it before
@@ -150,67 +109,6 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 	}
 	return out, nil
 }
-
-// offsetsClaim claims offsets of one partition: the upsert of its row, then
-// the read of the stored row, which the upsert still locks, to tell a
-// duplicate from a fenced claim when nothing was updated.
-type offsetsClaim struct {
-	store   *Store
-	p       TopicPartition
-	offsets []int64 // validated, not empty
-
-	claimed   bool   // the upsert wrote the row
-	prev      *int64 // the offset it replaced (nil: the row was new)
-	last, gen int64  // the stored row after the upsert
-}
-
-func (c *offsetsClaim) statements(l *layouts) claimStatements {
-	s, p := c.store, c.p
-	*c = offsetsClaim{store: s, p: p, offsets: c.offsets}
-	return claimStatements{settings: l.offsets.settings(false), claim: []statement{
-		{sql: s.offsets.claim, args: []any{s.cfg.Consumer, p.Topic, p.Partition, c.offsets[len(c.offsets)-1], p.Generation},
-			row: func(scan func(...any) error) error { c.claimed = true; return scan(&c.prev) }},
-		{sql: s.offsets.stored, args: []any{s.cfg.Consumer, p.Topic, p.Partition},
-			row: func(scan func(...any) error) error { return scan(&c.last, &c.gen) }},
-	}}
-}
-
-func (c *offsetsClaim) outcome() (fresh, skipped int, err error) {
-	if !c.claimed {
-		if c.gen > c.p.Generation {
-			return 0, 0, fmt.Errorf("%w: %s partition %d: claimed in generation %d, stored %d (offset %d)",
-				ErrFenced, c.p.Topic, c.p.Partition, c.p.Generation, c.gen, c.last)
-		}
-		return 0, len(c.offsets), nil
-	}
-	n := len(c.freshOffsets())
-	return n, len(c.offsets) - n, nil
-}
-
-// freshOffsets returns the offsets above the one stored before the claim.
-func (c *offsetsClaim) freshOffsets() []int64 {
-	if !c.claimed {
-		return nil
-	}
-	i := 0
-	if c.prev != nil {
-		for i < len(c.offsets) && c.offsets[i] <= *c.prev {
-			i++
-		}
-	}
-	return c.offsets[i:]
-}
-
-func (c *offsetsClaim) subject() string {
-	first, last := c.offsets[0], c.offsets[len(c.offsets)-1]
-	if first == last {
-		return fmt.Sprintf("%s partition %d offset %d", c.p.Topic, c.p.Partition, first)
-	}
-	return fmt.Sprintf("%s partition %d offsets %d-%d", c.p.Topic, c.p.Partition, first, last)
-}
-
-func (c *offsetsClaim) messageID() string { return "" }
-func (c *offsetsClaim) size() int         { return len(c.offsets) }
 
 func validatePartition(p TopicPartition) error {
 	switch {

@@ -1,9 +1,17 @@
 package pgdedup_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgdedup/pgdedup"
 )
@@ -73,4 +81,179 @@ func TestLateMessageGuard(t *testing.T) {
 	if _, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "x", Retention: time.Hour, LateMargin: time.Hour}); err == nil {
 		t.Error("New accepted LateMargin equal to Retention")
 	}
+}
+
+func TestFingerprint(t *testing.T) {
+	t.Parallel()
+	events := &eventLog{}
+	b := setup(t, pgdedup.Config{OnEvent: events.add})
+	ctx := ctxT(t)
+	a, z := []byte("sha256-of-payload-a"), []byte("sha256-of-payload-z")
+
+	if processed, err := b.store.Process(ctx, "order-1", charge("order-1"), pgdedup.WithFingerprint(a)); err != nil || !processed {
+		t.Fatalf("first delivery: %v, %v", processed, err)
+	}
+	if processed, err := b.store.Process(ctx, "order-1", charge("order-1"), pgdedup.WithFingerprint(a)); err != nil || processed {
+		t.Errorf("same ID, same payload: %v, %v; want a plain duplicate", processed, err)
+	}
+	processed, err := b.store.Process(ctx, "order-1", charge("order-1"), pgdedup.WithFingerprint(z))
+	var mismatch *pgdedup.PayloadMismatchError
+	if processed || !errors.Is(err, pgdedup.ErrPayloadMismatch) || !errors.As(err, &mismatch) ||
+		!bytes.Equal(mismatch.Stored, a) || !bytes.Equal(mismatch.Given, z) || mismatch.MessageID != "order-1" {
+		t.Errorf("same ID, other payload: %v, %v; want a PayloadMismatchError with both fingerprints", processed, err)
+	}
+	if processed, err := b.store.Process(ctx, "order-1", charge("order-1")); err != nil || processed {
+		t.Errorf("a delivery without a fingerprint: %v, %v; want a plain duplicate", processed, err)
+	}
+	if n := chargesPerOrder(t, b.pool)["order-1"]; n != 1 {
+		t.Errorf("order-1 charged %d times, want 1", n)
+	}
+	var kinds []pgdedup.EventKind
+	for _, e := range events.events {
+		kinds = append(kinds, e.Kind)
+		if e.Kind == pgdedup.EventPayloadMismatch && (e.MessageID != "order-1" || !errors.Is(e.Err, pgdedup.ErrPayloadMismatch)) {
+			t.Errorf("mismatch event: %+v", e)
+		}
+	}
+	want := []pgdedup.EventKind{pgdedup.EventProcessed, pgdedup.EventDuplicate, pgdedup.EventPayloadMismatch, pgdedup.EventDuplicate}
+	if !slices.Equal(kinds, want) {
+		t.Errorf("events %v, want %v", kinds, want)
+	}
+
+	// An ID recorded without a fingerprint has nothing to compare.
+	if _, err := b.store.Process(ctx, "order-2", charge("order-2")); err != nil {
+		t.Fatal(err)
+	}
+	if processed, err := b.store.Process(ctx, "order-2", charge("order-2"), pgdedup.WithFingerprint(z)); err != nil || processed {
+		t.Errorf("fingerprint against a row without one: %v, %v; want a plain duplicate", processed, err)
+	}
+
+	// WithFingerprint(nil) and WithFingerprint([]byte{}) alike are refused:
+	// a call without a fingerprint leaves the option out.
+	for _, fp := range [][]byte{nil, {}, make([]byte, pgdedup.MaxFingerprintLen+1)} {
+		if _, err := b.store.Process(ctx, "order-3", charge("order-3"), pgdedup.WithFingerprint(fp)); !errors.Is(err, pgdedup.ErrInvalidOption) {
+			t.Errorf("fingerprint %#v of %d bytes: %v, want ErrInvalidOption", fp, len(fp), err)
+		}
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := b.store.Claim(ctx, tx, "order-3", pgdedup.WithFingerprint(fp))
+			return err
+		})
+		if !errors.Is(err, pgdedup.ErrInvalidOption) {
+			t.Errorf("Claim with fingerprint %#v of %d bytes: %v, want ErrInvalidOption", fp, len(fp), err)
+		}
+	}
+	if recorded(t, b.pool, "billing", "order-3") {
+		t.Error("order-3 recorded after invalid options")
+	}
+}
+
+// In the caller's transaction, a mismatch leaves tx usable, as a duplicate
+// does; with database/sql too.
+func TestFingerprintClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	a, z := []byte{1}, []byte{2}
+	if _, err := b.store.Process(ctx, "order-1", charge("order-1"), pgdedup.WithFingerprint(a)); err != nil {
+		t.Fatal(err)
+	}
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if claimed, err := b.store.Claim(ctx, tx, "order-1", pgdedup.WithFingerprint(z)); claimed || !errors.Is(err, pgdedup.ErrPayloadMismatch) {
+			t.Errorf("Claim with another fingerprint: %v, %v", claimed, err)
+		}
+		if claimed, err := b.store.Claim(ctx, tx, "order-2", pgdedup.WithFingerprint(z)); !claimed || err != nil {
+			t.Errorf("Claim of a new ID after a mismatch: %v, %v", claimed, err)
+		}
+		return charge("order-2")(ctx, tx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDBFromPool(b.pool)
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if claimed, err := b.store.ClaimSQL(ctx, tx, "order-2", pgdedup.WithFingerprint(a)); claimed || !errors.Is(err, pgdedup.ErrPayloadMismatch) {
+		t.Errorf("ClaimSQL with another fingerprint: %v, %v", claimed, err)
+	}
+	if claimed, err := b.store.ClaimSQL(ctx, tx, "order-2", pgdedup.WithFingerprint(z)); claimed || err != nil {
+		t.Errorf("ClaimSQL with the same fingerprint: %v, %v", claimed, err)
+	}
+}
+
+// A delivery that waited for the first one in flight compares with the
+// fingerprint that one committed.
+func TestFingerprintAfterWaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	pool, app := namedPool(t, b)
+	waiter, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if claimed, err := b.store.Claim(ctx, first, "order-1", pgdedup.WithFingerprint([]byte("a"))); !claimed || err != nil {
+		t.Fatal(claimed, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Process(ctx, "order-1", charge("order-1"), pgdedup.WithFingerprint([]byte("z")))
+		done <- err
+	}()
+	waitForLockWait(t, b, app)
+	if err := charge("order-1")(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, pgdedup.ErrPayloadMismatch) {
+		t.Errorf("the waiting delivery: %v, want ErrPayloadMismatch", err)
+	}
+	if n := chargesPerOrder(t, b.pool)["order-1"]; n != 1 {
+		t.Errorf("order-1 charged %d times, want 1", n)
+	}
+}
+
+// A mismatch's error text, and so logs and the OTel contrib's spans, never
+// shows a fingerprint: an unkeyed SHA-256 of a small payload such as a PIN is
+// recovered by trying every payload (issue 26 §6).
+func TestPayloadMismatchErrorHidesFingerprints(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	first, second := sha256.Sum256([]byte(`{"pin":"7345"}`)), sha256.Sum256([]byte(`{"pin":"7346"}`))
+	if _, err := b.store.Process(ctx, "pin-1", charge("pin-1"), pgdedup.WithFingerprint(first[:])); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.store.Process(ctx, "pin-1", charge("pin-1"), pgdedup.WithFingerprint(second[:]))
+	if !errors.Is(err, pgdedup.ErrPayloadMismatch) || !strings.Contains(err.Error(), `"pin-1"`) {
+		t.Fatalf("%v, want ErrPayloadMismatch naming the ID", err)
+	}
+	if leak := hexLeak(err.Error(), first[:], second[:]); leak != "" {
+		t.Errorf("the error %q shows %q of a fingerprint", err, leak)
+	}
+}
+
+// hexLeak returns a run of 6 hex digits of one of fps found in text, or "".
+// Shorter runs occur by chance.
+func hexLeak(text string, fps ...[]byte) string {
+	text = strings.ToLower(text)
+	for _, fp := range fps {
+		h := hex.EncodeToString(fp)
+		for i := 0; i+6 <= len(h); i++ {
+			if strings.Contains(text, h[i:i+6]) {
+				return h[i : i+6]
+			}
+		}
+	}
+	return ""
 }

@@ -3,6 +3,7 @@ package pgdedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -122,18 +123,6 @@ func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx conte
 	return s.process(ctx, c, fn)
 }
 
-// newIDClaim validates messageID and opts and prepares their claim.
-func (s *Store) newIDClaim(messageID string, opts []Option) (*idClaim, error) {
-	if err := ValidateMessageID(messageID); err != nil {
-		return nil, err
-	}
-	o, err := s.callOptions(opts)
-	if err != nil {
-		return nil, err
-	}
-	return &idClaim{store: s, id: messageID, opts: o}, nil
-}
-
 // ProcessBatch is [Store.Process] for many messages at once: one transaction claims all
 // of messageIDs (one statement, whatever the count) and runs fn once with the
 // IDs that are new, in the order they first appear in messageIDs. When none is
@@ -157,4 +146,127 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 		return nil, err
 	}
 	return c.freshIDs(), err
+}
+
+// ProcessResult is [Store.Process] for consumers that answer requests (RPC
+// over a reply-to queue, NATS request/reply, a handler keyed by a request
+// ID): fn returns the answer, which is stored with the claim of messageID in
+// fn's transaction, and a duplicate gets the first answer back instead of a
+// new one.
+//
+// For a new ID, fn runs and its result is stored before COMMIT; ProcessResult
+// returns it with processed true. For a duplicate, fn is not called and the
+// stored result is returned with processed false (nil if the ID was recorded
+// without a result, by Process or by a Claim). An ID is a duplicate until
+// its row is deleted, by [Store.Cleanup] or [Store.Forget]: a row past its
+// expires_at that the cleaner has not deleted yet still gives its stored
+// result, as [Store.Process] still skips it, and its fingerprint is still
+// compared ([ErrPayloadMismatch]). While the first delivery is in flight, a
+// duplicate waits for it, or returns [ErrInFlight] after
+// [Config.LockTimeout]. A result longer than [Config.MaxResultBytes] (or
+// [WithMaxResultBytes]) fails the call with [ErrResultTooLarge] and rolls
+// everything back. Errors, panics, retries and opts are as in Process; it
+// needs migration 00006.
+//
+// A new ID costs one round trip more than Process (the result's UPDATE); a
+// duplicate costs the same.
+func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error), opts ...Option) (result []byte, processed bool, err error) {
+	c, err := s.newIDClaim(messageID, opts)
+	if err != nil {
+		return nil, false, err
+	}
+	if fn == nil {
+		return nil, false, errNilFunc
+	}
+	c.withResult = true
+	limit, limitName := s.cfg.MaxResultBytes, "Config.MaxResultBytes"
+	if c.opts.maxResultSet {
+		limit, limitName = c.opts.maxResult, "WithMaxResultBytes"
+	}
+	store := func(ctx context.Context, tx pgx.Tx) error {
+		res, err := fn(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if len(res) > limit {
+			return fmt.Errorf("%w: %s: %d bytes, more than %s (%d)", ErrResultTooLarge, c.subject(), len(res), limitName, limit)
+		}
+		if res != nil { // NULL already
+			if err := s.storeResult(ctx, tx, c, res); err != nil {
+				return err
+			}
+		}
+		result = res
+		return nil
+	}
+	// A duplicate's row can be deleted (by Cleanup once expired, by Forget)
+	// between the claim and the read of its result: then the ID is claimed
+	// again, as the new ID it has become.
+	for range 3 {
+		processed, err = s.process(ctx, c, store)
+		if err != nil || processed || c.found {
+			break
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, false, err
+	case processed:
+		return result, true, nil
+	}
+	return c.result, false, nil
+}
+
+// ProcessOffset runs fn for the record at offset of partition p unless p's
+// stored offset is already at or above it, in one transaction with advancing
+// the stored offset to offset, and reports whether fn ran. It is
+// [Store.ProcessOffsets] for one record; the rules for the consumer are there.
+func (s *Store) ProcessOffset(ctx context.Context, p TopicPartition, offset int64, fn func(ctx context.Context, tx pgx.Tx) error) (processed bool, err error) {
+	if fn == nil {
+		return false, errNilFunc
+	}
+	fresh, err := s.ProcessOffsets(ctx, p, []int64{offset}, func(ctx context.Context, tx pgx.Tx, _ []int64) error {
+		return fn(ctx, tx)
+	})
+	return len(fresh) == 1, err
+}
+
+// ProcessOffsets is the offset counterpart of [Store.ProcessBatch], for a
+// partitioned log such as Kafka: one row per (consumer, topic, partition)
+// holds the last processed offset, instead of one row per message. In one
+// transaction it advances p's stored offset to the highest of offsets and runs
+// fn once with the offsets above the previously stored one (fresh), in order;
+// the effects and the offset commit together. When none is above it, fn is not
+// called and fresh is empty: the records were processed before (a redelivery
+// after a rebalance or a crash). BEGIN and the claim, one statement whatever
+// the batch size, are one round trip.
+//
+// offsets must be strictly increasing; gaps are allowed, since Kafka offsets
+// have them (compaction, transaction markers). Errors, panics and retries
+// behave as in [Store.Process]; a claim older than the stored generation
+// returns [ErrFenced] (see [TopicPartition]).
+//
+// What the database enforces: the stored offset only moves forward, so a
+// record at or below it is never processed again, by this consumer or by a
+// zombie that still holds a revoked partition; concurrent claims of a
+// partition take turns on its row. What the consumer must keep, because a
+// skipped record cannot be told from a gap: hand each partition's records over
+// in offset order, one transaction at a time, starting from the offset
+// [Store.ResumeOffsets] returned on assignment, without skipping a fetched
+// record. After an error, do not go on to the partition's later records: retry,
+// or seek back to the stored offset. A poison record is skipped by committing
+// its offset with an fn that records it elsewhere (a dead-letter table).
+func (s *Store) ProcessOffsets(ctx context.Context, p TopicPartition, offsets []int64, fn func(ctx context.Context, tx pgx.Tx, fresh []int64) error) (fresh []int64, err error) {
+	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, errNilFunc
+	}
+	c := &offsetsClaim{store: s, p: p, offsets: offsets}
+	committed, err := s.process(ctx, c, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, c.freshOffsets()) })
+	if !committed {
+		return nil, err
+	}
+	return c.freshOffsets(), err
 }

@@ -25,19 +25,6 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...
 	return s.claimID(messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
 
-// claimID is Claim and ClaimSQL: it validates messageID and opts, then run
-// claims it in the caller's transaction.
-func (s *Store) claimID(messageID string, opts []Option, run func(claim) error) (claimed bool, err error) {
-	c, err := s.newIDClaim(messageID, opts)
-	if err != nil {
-		return false, err
-	}
-	if err := run(c); err != nil {
-		return false, err
-	}
-	return c.claimed, nil
-}
-
 // ClaimBatch records messageIDs inside tx, the caller's transaction, and returns
 // the ones that are new, in the order they first appear in messageIDs (an ID
 // repeated in the batch counts once). Like [Store.Claim], it leaves tx usable when some
@@ -52,15 +39,30 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) 
 	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
 
-// claimBatch is ClaimBatch and ClaimBatchSQL: it validates messageIDs, then
-// run claims them in the caller's transaction.
-func (s *Store) claimBatch(messageIDs []string, run func(claim) error) (fresh []string, err error) {
-	c, err := s.newBatchClaim(messageIDs)
-	if err != nil || len(c.sorted.ids) == 0 {
-		return nil, err
-	}
-	if err := run(c); err != nil {
-		return nil, err
-	}
-	return c.freshIDs(), nil
+// ClaimOffset advances p's stored offset to offset inside tx, the caller's
+// transaction, and reports whether offset is new: higher than the stored one.
+// If tx commits, the offset is recorded; if tx rolls back, so is the claim. Run
+// the business write in tx only when claimed is true. A duplicate (an offset at
+// or below the stored one) returns (false, nil) and leaves tx usable.
+//
+// The claim locks p's row until tx ends: another transaction claiming p waits
+// for it, then skips (tx committed a higher offset) or proceeds (tx rolled
+// back); with [Config.LockTimeout] it gives up with [ErrInFlight] instead. A
+// claim with an older p.Generation than the stored one returns [ErrFenced].
+// ClaimOffset costs one round trip and does not retry. Claim the partitions of
+// one transaction in a consistent order, or two transactions can deadlock.
+func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p TopicPartition, offset int64) (claimed bool, err error) {
+	fresh, err := s.ClaimOffsets(ctx, tx, p, []int64{offset})
+	return len(fresh) == 1, err
+}
+
+// ClaimOffsets is [Store.ClaimOffset] for a fetched batch of one partition: in
+// one statement it advances p's stored offset to the highest of offsets and
+// returns those above the previously stored one, in order. offsets must be
+// strictly increasing (a fetch returns them so); gaps between them are allowed
+// (Kafka leaves gaps after compaction and around transaction markers). The
+// whole batch is rejected with [ErrInvalidOffset] before anything is sent if
+// one offset is negative or out of order.
+func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
+	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
