@@ -187,22 +187,23 @@ func (c *offsetsClaim) messageID() string { return "" }
 
 func (c *offsetsClaim) size() int { return len(c.offsets) }
 
-// newIDClaim validates messageID and opts and prepares their claim.
-func (s *Store) newIDClaim(messageID string, opts []Option) (*idClaim, error) {
+// newIDClaim validates messageID and the options that call, the name of the
+// exported method, was given, and prepares their claim.
+func (s *Store) newIDClaim(call, messageID string, opts []Option) (*idClaim, error) {
 	if err := ValidateMessageID(messageID); err != nil {
 		return nil, err
 	}
-	o, err := s.callOptions(opts)
+	o, err := s.callOptions(call, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &idClaim{store: s, id: messageID, opts: o}, nil
+	return &idClaim{store: s, id: messageID, opts: o, withResult: call == callProcessResult}, nil
 }
 
 // claimID is Claim and ClaimSQL: it validates messageID and opts, then run
 // claims it in the caller's transaction.
-func (s *Store) claimID(messageID string, opts []Option, run func(claim) error) (claimed bool, err error) {
-	c, err := s.newIDClaim(messageID, opts)
+func (s *Store) claimID(call, messageID string, opts []Option, run func(claim) error) (claimed bool, err error) {
+	c, err := s.newIDClaim(call, messageID, opts)
 	if err != nil {
 		return false, err
 	}

@@ -28,7 +28,7 @@ import (
 // opts are as in [Store.Process]; with [WithFingerprint] the fingerprint is
 // read back in one more round trip.
 func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts ...Option) (claimed bool, err error) {
-	return s.claimID(messageID, opts, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
+	return s.claimID("ClaimSQL", messageID, opts, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
 // ClaimBatchSQL is [Store.ClaimBatch] for database/sql: it records messageIDs inside tx

@@ -80,8 +80,9 @@ var (
 	ErrTooLate = errors.New("pgdedup: message is older than the dedup table remembers")
 
 	// ErrInvalidOption is returned, wrapped with the reason, for an [Option]
-	// that cannot apply: an empty or too long fingerprint, a retention below
-	// [MinRetention]. Nothing is sent to the database.
+	// that cannot apply. Examples are an empty fingerprint, a retention below
+	// [MinRetention], or [WithMaxResultBytes] given to a call that stores no
+	// result. Nothing is sent to the database.
 	ErrInvalidOption = errors.New("pgdedup: invalid option")
 
 	errNilFunc = errors.New("pgdedup: fn must not be nil")

@@ -20,6 +20,10 @@ type callOptions struct {
 	maxResultSet bool
 }
 
+// callProcessResult names the one call that stores a result, and so the one
+// that takes [WithMaxResultBytes].
+const callProcessResult = "ProcessResult"
+
 // MaxFingerprintLen is the longest fingerprint [WithFingerprint] accepts, in
 // bytes.
 const MaxFingerprintLen = 1024
@@ -83,7 +87,7 @@ func WithMaxResultBytes(n int) Option {
 
 // callOptions applies opts and checks them, and the late-message guard,
 // before anything is sent.
-func (s *Store) callOptions(opts []Option) (callOptions, error) {
+func (s *Store) callOptions(call string, opts []Option) (callOptions, error) {
 	var o callOptions
 	for _, opt := range opts {
 		if opt != nil {
@@ -95,6 +99,8 @@ func (s *Store) callOptions(opts []Option) (callOptions, error) {
 		return o, fmt.Errorf("%w: WithFingerprint: empty fingerprint", ErrInvalidOption)
 	case len(o.fingerprint) > MaxFingerprintLen:
 		return o, fmt.Errorf("%w: WithFingerprint: %d bytes, longer than %d", ErrInvalidOption, len(o.fingerprint), MaxFingerprintLen)
+	case o.maxResultSet && call != callProcessResult:
+		return o, fmt.Errorf("%w: WithMaxResultBytes: %s stores no result, only ProcessResult does", ErrInvalidOption, call)
 	case o.maxResultSet && o.maxResult <= 0:
 		return o, fmt.Errorf("%w: WithMaxResultBytes(%d): must be positive", ErrInvalidOption, o.maxResult)
 	case o.retention != 0 && o.retention < MinRetention:

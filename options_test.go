@@ -2,9 +2,17 @@ package pgdedup_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -256,4 +264,186 @@ func hexLeak(text string, fps ...[]byte) string {
 		}
 	}
 	return ""
+}
+
+// optionCall is one call that takes per-call options, run in a transaction
+// of its own (Claim and ClaimSQL commit theirs unless the claim fails).
+// result is what fn answers, for ProcessResult. ran reports whether fn ran.
+type optionCall func(ctx context.Context, b *bundle, id string, result []byte, opts ...pgdedup.Option) (ran bool, err error)
+
+// optionCalls are the calls whose last parameter is ...Option, by name.
+var optionCalls = map[string]optionCall{
+	"Process": func(ctx context.Context, b *bundle, id string, _ []byte, opts ...pgdedup.Option) (ran bool, err error) {
+		_, err = b.store.Process(ctx, id, func(context.Context, pgx.Tx) error { ran = true; return nil }, opts...)
+		return ran, err
+	},
+	"ProcessResult": func(ctx context.Context, b *bundle, id string, result []byte, opts ...pgdedup.Option) (ran bool, err error) {
+		_, _, err = b.store.ProcessResult(ctx, id, func(context.Context, pgx.Tx) ([]byte, error) { ran = true; return result, nil }, opts...)
+		return ran, err
+	},
+	"Claim": func(ctx context.Context, b *bundle, id string, _ []byte, opts ...pgdedup.Option) (ran bool, err error) {
+		err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			ran, err = b.store.Claim(ctx, tx, id, opts...)
+			return err
+		})
+		return ran, err
+	},
+	"ClaimSQL": func(ctx context.Context, b *bundle, id string, _ []byte, opts ...pgdedup.Option) (ran bool, err error) {
+		db := stdlib.OpenDBFromPool(b.pool)
+		defer db.Close()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return false, err
+		}
+		defer tx.Rollback() //nolint:errcheck // no-op after Commit
+		if ran, err = b.store.ClaimSQL(ctx, tx, id, opts...); err != nil {
+			return ran, err
+		}
+		return ran, tx.Commit()
+	},
+}
+
+// optionChecks say, for each Option, how a call shows that it took effect.
+// A check returns an error when the option did not take effect.
+var optionChecks = map[string]func(t *testing.T, ctx context.Context, b *bundle, call optionCall) error{
+	// A second delivery with another fingerprint is a mismatch.
+	"WithFingerprint": func(t *testing.T, ctx context.Context, b *bundle, call optionCall) error {
+		if _, err := call(ctx, b, "m", nil, pgdedup.WithFingerprint([]byte("a"))); err != nil {
+			return err
+		}
+		if _, err := call(ctx, b, "m", nil, pgdedup.WithFingerprint([]byte("b"))); !errors.Is(err, pgdedup.ErrPayloadMismatch) {
+			return fmt.Errorf("another fingerprint: %v, want ErrPayloadMismatch", err)
+		}
+		return nil
+	},
+	// The row expires after the call's retention, not the Store's hour.
+	"WithRetention": func(t *testing.T, ctx context.Context, b *bundle, call optionCall) error {
+		if _, err := call(ctx, b, "m", nil, pgdedup.WithRetention(3*time.Hour)); err != nil {
+			return err
+		}
+		rec, ok, err := b.store.Lookup(ctx, "m")
+		if err != nil || !ok {
+			return fmt.Errorf("Lookup: %v, %v", ok, err)
+		}
+		if kept := rec.ExpiresAt.Sub(rec.ProcessedAt); kept < 2*time.Hour {
+			return fmt.Errorf("row kept %s, want 3h", kept)
+		}
+		return nil
+	},
+	// A message sent two Retentions ago is too late.
+	"WithSentAt": func(t *testing.T, ctx context.Context, b *bundle, call optionCall) error {
+		if _, err := call(ctx, b, "m", nil, pgdedup.WithSentAt(time.Now().Add(-2*time.Hour))); !errors.Is(err, pgdedup.ErrTooLate) {
+			return fmt.Errorf("a message sent 2h ago: %v, want ErrTooLate", err)
+		}
+		return nil
+	},
+	// A result longer than the call's limit fails the call.
+	"WithMaxResultBytes": func(t *testing.T, ctx context.Context, b *bundle, call optionCall) error {
+		_, err := call(ctx, b, "m", []byte("longer than 4"), pgdedup.WithMaxResultBytes(4))
+		if errors.Is(err, pgdedup.ErrInvalidOption) {
+			return err
+		}
+		if !errors.Is(err, pgdedup.ErrResultTooLarge) {
+			return fmt.Errorf("a result over WithMaxResultBytes(4): %v, want ErrResultTooLarge", err)
+		}
+		return nil
+	},
+}
+
+// optionRefusals are the options each call refuses with ErrInvalidOption.
+var optionRefusals = map[string][]string{
+	"Process":  {"WithMaxResultBytes"},
+	"Claim":    {"WithMaxResultBytes"},
+	"ClaimSQL": {"WithMaxResultBytes"},
+}
+
+// Every Option passed to every call that takes options either takes effect
+// or is refused with ErrInvalidOption before anything is sent. None is
+// silently ignored. The lists above must name every With… function and
+// every Store method taking ...Option, which the test reads from the source.
+func TestEveryOptionOnEveryCall(t *testing.T) {
+	t.Parallel()
+	options, calls := optionAPI(t)
+	if !slices.Equal(options, slices.Sorted(maps.Keys(optionChecks))) {
+		t.Fatalf("options in options.go %q, checked here %q", options, slices.Sorted(maps.Keys(optionChecks)))
+	}
+	if !slices.Equal(calls, slices.Sorted(maps.Keys(optionCalls))) {
+		t.Fatalf("Store methods taking ...Option %q, called here %q", calls, slices.Sorted(maps.Keys(optionCalls)))
+	}
+	for _, callName := range calls {
+		for _, option := range options {
+			t.Run(callName+"/"+option, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, pgdedup.Config{Retention: time.Hour})
+				ctx := ctxT(t)
+				err := optionChecks[option](t, ctx, b, optionCalls[callName])
+				if !slices.Contains(optionRefusals[callName], option) {
+					if err != nil {
+						t.Errorf("%s did not take effect: %v", option, err)
+					}
+					return
+				}
+				if !errors.Is(err, pgdedup.ErrInvalidOption) || !strings.Contains(err.Error(), callName) {
+					t.Errorf("%s: %v, want ErrInvalidOption naming %s", option, err, callName)
+				}
+				if _, ok, err := b.store.Lookup(ctx, "m"); ok || err != nil {
+					t.Errorf("a refused option recorded the ID: %v, %v", ok, err)
+				}
+			})
+		}
+	}
+}
+
+// A refused option is refused before the database is touched: a nil
+// transaction is not even looked at.
+func TestRefusedOptionSendsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{})
+	ctx := ctxT(t)
+	if _, err := b.store.Claim(ctx, nil, "m", pgdedup.WithMaxResultBytes(10)); !errors.Is(err, pgdedup.ErrInvalidOption) {
+		t.Errorf("Claim in a nil tx with WithMaxResultBytes: %v, want ErrInvalidOption", err)
+	}
+	if _, err := b.store.ClaimSQL(ctx, nil, "m", pgdedup.WithMaxResultBytes(10)); !errors.Is(err, pgdedup.ErrInvalidOption) {
+		t.Errorf("ClaimSQL in a nil tx with WithMaxResultBytes: %v, want ErrInvalidOption", err)
+	}
+}
+
+// optionAPI reads the root package's source and returns, sorted, the
+// functions that return an Option and the Store methods whose last
+// parameter is ...Option. Deprecated aliases are left out.
+func optionAPI(t *testing.T) (options, calls []string) {
+	t.Helper()
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || !fd.Name.IsExported() {
+				continue
+			}
+			if fd.Recv == nil {
+				if r := fd.Type.Results; r != nil && len(r.List) == 1 && types.ExprString(r.List[0].Type) == "Option" {
+					options = append(options, fd.Name.Name)
+				}
+				continue
+			}
+			params := fd.Type.Params.List
+			if types.ExprString(fd.Recv.List[0].Type) == "*Store" && len(params) > 0 && types.ExprString(params[len(params)-1].Type) == "...Option" {
+				calls = append(calls, fd.Name.Name)
+			}
+		}
+	}
+	slices.Sort(options)
+	slices.Sort(calls)
+	return options, calls
 }

@@ -113,7 +113,7 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // message too old to dedup returns [ErrTooLate]). Without them Process sends
 // the same statements as it always did.
 func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) error, opts ...Option) (processed bool, err error) {
-	c, err := s.newIDClaim(messageID, opts)
+	c, err := s.newIDClaim("Process", messageID, opts)
 	if err != nil {
 		return false, err
 	}
@@ -171,14 +171,13 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 // A new ID costs one round trip more than Process (the result's UPDATE); a
 // duplicate costs the same.
 func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error), opts ...Option) (result []byte, processed bool, err error) {
-	c, err := s.newIDClaim(messageID, opts)
+	c, err := s.newIDClaim(callProcessResult, messageID, opts)
 	if err != nil {
 		return nil, false, err
 	}
 	if fn == nil {
 		return nil, false, errNilFunc
 	}
-	c.withResult = true
 	limit, limitName := s.cfg.MaxResultBytes, "Config.MaxResultBytes"
 	if c.opts.maxResultSet {
 		limit, limitName = c.opts.maxResult, "WithMaxResultBytes"

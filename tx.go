@@ -22,7 +22,7 @@ import (
 //
 // opts are as in [Store.Process]. A [PayloadMismatchError] leaves tx usable.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...Option) (claimed bool, err error) {
-	return s.claimID(messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+	return s.claimID("Claim", messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
 
 // ClaimBatch records messageIDs inside tx, the caller's transaction, and returns
