@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// This file holds the kinds of claim that every call is built from: one
-// message ID, a batch of IDs, and a topic partition's offsets. Each kind is
+// This file holds the kinds of claim that every call is built from. They are
+// one message ID, a batch of IDs, and a topic partition's offsets. Each kind is
 // built for one call. The engine (engine.go) sends its statements and then
 // reads its outcome. The calls themselves live in processed.go (own
 // transaction), tx.go (the caller's pgx transaction) and databasesql.go (the
@@ -21,7 +21,7 @@ type idClaim struct {
 	store      *Store
 	id         string
 	opts       callOptions
-	withResult bool // ProcessResult: read the stored result back
+	withResult bool // read the stored result back, for ProcessResult
 
 	claimed bool
 	found   bool   // the SELECT after the claim found the ID's row
@@ -44,10 +44,11 @@ func (c *idClaim) scanStored(scan func(dest ...any) error) error {
 	return scan(&c.stored)
 }
 
-// outcome: a duplicate whose recorded fingerprint differs from the given one
-// is a mismatch, not a duplicate. A row without a fingerprint has nothing to
-// compare. A row past expires_at that is not deleted yet is compared as any
-// other: it is the ID's record until it is deleted.
+// outcome tells a mismatch from a duplicate. A duplicate whose recorded
+// fingerprint differs from the given one is a mismatch. A row without a
+// fingerprint has nothing to compare. A row past expires_at that is not
+// deleted yet is compared as any other, because it is the ID's record until
+// it is deleted.
 func (c *idClaim) outcome() (fresh, skipped int, err error) {
 	switch {
 	case c.claimed:
@@ -125,16 +126,17 @@ func (s *Store) newBatchClaim(ids []string) (*batchClaim, error) {
 	return &batchClaim{store: s, ids: ids, sorted: sorted}, nil
 }
 
-// offsetsClaim claims offsets of one partition: the upsert of its row, then
-// the read of the stored row, which the upsert still locks, to tell a
-// duplicate from a fenced claim when nothing was updated.
+// offsetsClaim claims offsets of one partition. It sends the upsert of the
+// partition's row and then reads the stored row, which the upsert still
+// locks. When nothing was updated, that row tells a duplicate from a fenced
+// claim.
 type offsetsClaim struct {
 	store   *Store
 	p       TopicPartition
 	offsets []int64 // validated, not empty
 
 	claimed   bool   // the upsert wrote the row
-	prev      *int64 // the offset it replaced (nil: the row was new)
+	prev      *int64 // the offset it replaced, nil if the row was new
 	last, gen int64  // the stored row after the upsert
 }
 
@@ -200,8 +202,8 @@ func (s *Store) newIDClaim(call, messageID string, opts []Option) (*idClaim, err
 	return &idClaim{store: s, id: messageID, opts: o, withResult: call == callProcessResult}, nil
 }
 
-// claimID is Claim and ClaimSQL: it validates messageID and opts, then run
-// claims it in the caller's transaction.
+// claimID is Claim and ClaimSQL. It validates messageID and opts, and then
+// run claims the ID in the caller's transaction.
 func (s *Store) claimID(call, messageID string, opts []Option, run func(claim) error) (claimed bool, err error) {
 	c, err := s.newIDClaim(call, messageID, opts)
 	if err != nil {
@@ -213,8 +215,8 @@ func (s *Store) claimID(call, messageID string, opts []Option, run func(claim) e
 	return c.claimed, nil
 }
 
-// claimBatch is ClaimBatch and ClaimBatchSQL: it validates messageIDs, then
-// run claims them in the caller's transaction.
+// claimBatch is ClaimBatch and ClaimBatchSQL. It validates messageIDs, and
+// then run claims them in the caller's transaction.
 func (s *Store) claimBatch(messageIDs []string, run func(claim) error) (fresh []string, err error) {
 	c, err := s.newBatchClaim(messageIDs)
 	if err != nil || len(c.sorted.ids) == 0 {
@@ -226,8 +228,8 @@ func (s *Store) claimBatch(messageIDs []string, run func(claim) error) (fresh []
 	return c.freshIDs(), nil
 }
 
-// claimOffsets is ClaimOffsets and ClaimOffsetsSQL: it validates p and
-// offsets, then run claims them in the caller's transaction.
+// claimOffsets is ClaimOffsets and ClaimOffsetsSQL. It validates p and
+// offsets, and then run claims them in the caller's transaction.
 func (s *Store) claimOffsets(p TopicPartition, offsets []int64, run func(claim) error) (fresh []int64, err error) {
 	if err := validateOffsets(p, offsets); err != nil || len(offsets) == 0 {
 		return nil, err

@@ -3,9 +3,9 @@
 //
 // A message's ID is inserted into processed_messages, unique on
 // (consumer, message_id), in the same transaction as the business write. A
-// duplicate finds the row and is skipped; a crash before COMMIT records nothing,
-// so the redelivered message is processed again; [Store.Cleanup] deletes rows once the
-// redelivery window has passed.
+// duplicate finds the row and is skipped. A crash before COMMIT records
+// nothing, so the redelivered message is processed again. [Store.Cleanup]
+// deletes rows once the redelivery window has passed.
 //
 //	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
 //	...
@@ -13,16 +13,16 @@
 //		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, amount) VALUES ($1, $2)", o.ID, o.Amount)
 //		return err
 //	})
-//	// err == nil: ack the message, whether processed is true or it was a duplicate.
+//	// A nil err means ack the message, whether processed is true or it was a duplicate.
 //
 // For a partitioned log read in order, such as Kafka, [Store.ProcessOffsets]
 // keeps one row per (consumer, topic, partition) instead, holding the last
-// processed offset, advanced in the business transaction; on assignment,
+// processed offset, advanced in the business transaction. On assignment,
 // [Store.ResumeOffsets] says where to resume.
 //
 // # The calls
 //
-// Each call claims one kind of thing in one kind of transaction:
+// Each call claims one kind of thing in one kind of transaction.
 //
 //	                 own transaction        caller's pgx.Tx       caller's *sql.Tx
 //	one ID           Process                Claim                 ClaimSQL

@@ -5,12 +5,12 @@ import (
 	"encoding/hex"
 )
 
-// Key returns the primary key of the row that records messageID for consumer:
-// the first 16 bytes of SHA-256 over consumer, a 0 byte and messageID, as a
-// UUID in canonical text form ("3f1c…-…"). The SQL function
+// Key returns the primary key of the row that records messageID for
+// consumer. It is the first 16 bytes of SHA-256 over consumer, a 0 byte and
+// messageID, as a UUID in canonical text form ("3f1c…-…"). The SQL function
 // pgdedup_key(consumer, message_id) that migration 00003 creates computes the
-// same value, so rows written by raw SQL, triggers and operators' queries agree
-// with those written by a [Store].
+// same value. So rows written by raw SQL, triggers and operators' queries
+// agree with those written by a [Store].
 //
 // Use it to find an ID's row by its primary key (WHERE key = $1), or to give
 // business rows the same key, for example to co-locate them with the claim on

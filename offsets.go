@@ -7,42 +7,43 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// TopicPartition is one partition of a topic in a partitioned log such as Kafka, as
-// a consumer holds it. pgdedup keeps one row per ([Config.Consumer], Topic,
-// Partition) in [Config.OffsetTable], holding the highest offset whose effects
-// committed: see [Store.ProcessOffsets].
+// TopicPartition is one partition of a topic in a partitioned log such as
+// Kafka, as a consumer holds it. pgdedup keeps one row per
+// ([Config.Consumer], Topic, Partition) in [Config.OffsetTable]. The row holds
+// the highest offset whose effects committed (see [Store.ProcessOffsets]).
 type TopicPartition struct {
-	// Topic is the topic's name: non-empty, valid UTF-8, without NUL, at most
-	// [MaxMessageIDLen] bytes.
+	// Topic is the topic's name. It must be non-empty, valid UTF-8 without
+	// NUL, and at most [MaxMessageIDLen] bytes.
 	Topic string
 
 	// Partition is the partition's number, from 0.
 	Partition int32
 
-	// Generation is the holder's fencing token, from 0: the consumer group
-	// generation in which the consumer was assigned the partition (franz-go:
-	// the second result of GroupMetadata, read in kgo.AdjustFetchOffsetsFn). The
-	// stored generation never goes down, and a claim made with an older
-	// generation than the stored one fails with [ErrFenced], so a consumer that
-	// lost the partition stops as soon as its successor has committed once.
-	// Use generations for all claims of a consumer, or leave it 0 for all of
-	// them (no fence; the offset check alone still prevents doubles).
+	// Generation is the holder's fencing token, from 0. It is the consumer
+	// group generation in which the consumer was assigned the partition. In
+	// franz-go that is the second result of GroupMetadata, read in
+	// kgo.AdjustFetchOffsetsFn. The stored generation never goes down, and a
+	// claim made with an older generation than the stored one fails with
+	// [ErrFenced]. So a consumer that lost the partition stops as soon as its
+	// successor has committed once. Use generations for all claims of a
+	// consumer, or leave it 0 for all of them. Without a fence the offset
+	// check alone still prevents doubles.
 	Generation int64
 }
 
 // offsetStatements are a Store's SQL for offsets, built once in New.
 //
 // The claim is one upsert. On conflict it updates only if the new offset is
-// higher and the generation not older, and it keeps the value it replaces in
-// prev_offset, so RETURNING prev_offset tells which offsets of a batch are new
-// (all of them when the row was just inserted: prev_offset is NULL). The upsert
-// locks the partition's row, so concurrent claims of one partition take turns;
-// in read committed, the one that waited re-checks against the row the other
-// committed. Nothing updated means a duplicate or a fenced claim; the stored
-// row, read next in the same round trip and still locked by the upsert, says
-// which. updated_at takes the inserted row's default, now(), rather than
-// calling now() in the SET clause, which Citus refuses on a distributed
-// table (only immutable functions may run there).
+// higher and the generation not older. It keeps the value it replaces in
+// prev_offset, so RETURNING prev_offset tells which offsets of a batch are
+// new. All of them are new when the row was just inserted, with prev_offset
+// NULL. The upsert locks the partition's row, so concurrent claims of one
+// partition take turns. In read committed, the one that waited re-checks
+// against the row the other committed. Nothing updated means a duplicate or a
+// fenced claim. The stored row, read next in the same round trip and still
+// locked by the upsert, says which. updated_at takes the inserted row's
+// default, now(), rather than calling now() in the SET clause. Citus refuses
+// that on a distributed table, where only immutable functions may run.
 type offsetStatements struct {
 	table  string
 	claim  string // $1 consumer, $2 topic, $3 partition, $4 highest offset, $5 generation
@@ -66,15 +67,15 @@ WHERE consumer = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], 
 	}
 }
 
-// ResumeOffsets returns, for each partition of assigned (topic → partition
-// numbers) that has a stored offset, the offset to resume consuming from: the
-// last processed one plus 1. Seek every assigned partition to it before
-// processing any of its records. With franz-go, return it from
-// kgo.AdjustFetchOffsetsFn, which runs on every assignment after Kafka's
-// offsets are fetched and before any record is (examples/kafka does so).
-// Partitions without a stored offset are left out: nothing of
-// them was processed, so start them where the consumer group's reset policy
-// says. It is one statement.
+// ResumeOffsets returns the offset to resume consuming from for each
+// partition of assigned (topic to partition numbers) that has a stored
+// offset. That is the last processed offset plus 1. Seek every assigned
+// partition to it before processing any of its records. With franz-go,
+// return it from kgo.AdjustFetchOffsetsFn, which runs on every assignment
+// after Kafka's offsets are fetched and before any record is (examples/kafka
+// does so). Partitions without a stored offset are left out. Nothing of them
+// was processed, so start them where the consumer group's reset policy says.
+// It is one statement.
 func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) (map[string]map[int32]int64, error) {
 	var topics []string
 	var parts []int32
@@ -126,7 +127,7 @@ func validatePartition(p TopicPartition) error {
 }
 
 // validateOffsets checks p and that offsets are non-negative and strictly
-// increasing: the order in which a consumer must hand them over.
+// increasing, the order in which a consumer must hand them over.
 func validateOffsets(p TopicPartition, offsets []int64) error {
 	if err := validatePartition(p); err != nil {
 		return err
