@@ -151,7 +151,7 @@ FROM `+s.messages.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
 func (s *Store) plainSizes(ctx context.Context, st *Stats) error {
 	err := s.db.QueryRow(ctx, `SELECT n_dead_tup, last_vacuum, last_autovacuum FROM pg_stat_user_tables
 WHERE relid = to_regclass($1::text)`, s.messages.table).Scan(&st.DeadTuples, &st.LastVacuum, &st.LastAutovacuum)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) { // no row means track_counts is off
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) { // no row: track_counts is off
 		return fmt.Errorf("pgdedup: stats of %s: read vacuum statistics: %w", s.messages.table, err)
 	}
 	for _, t := range []*time.Time{st.LastVacuum, st.LastAutovacuum} {
