@@ -18,7 +18,7 @@ import (
 // suite's processed_messages is distributed, and so is the partitioned one.
 func setupPartitioned(t *testing.T, cfg pgdedup.Config) *bundle {
 	t.Helper()
-	cfg.Layout = pgdedup.Partitioned
+	cfg.Layout = pgdedup.LayoutPartitioned
 	if cfg.Retention == 0 {
 		cfg.Retention, cfg.Partitions = 20*time.Second, 10
 	}

@@ -287,7 +287,7 @@ func TestCollectorExportsTheRunway(t *testing.T) {
 	db := pgdeduptest.New(t)
 	ctx := context.Background()
 	span := 2 * time.Second
-	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Retention: 12 * span, Layout: pgdedup.Partitioned})
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Retention: 12 * span, Layout: pgdedup.LayoutPartitioned})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -267,7 +267,7 @@ func TestCleanupCommandRetention(t *testing.T) {
 // made Partitioned (Retention 1 h, 12 partitions).
 func partitionedStore(t *testing.T, db *pgtest.DB) *pgdedup.Store {
 	t.Helper()
-	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12})
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.LayoutPartitioned, Retention: time.Hour, Partitions: 12})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func writeFile(t *testing.T, content string) string {
 // to the partitions of their processed_at.
 func TestImportCommand(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []pgdedup.Layout{pgdedup.Plain, pgdedup.Partitioned} {
+	for _, layout := range []pgdedup.Layout{pgdedup.LayoutPlain, pgdedup.LayoutPartitioned} {
 		db := pgtest.New(t)
 		ctx := context.Background()
 		store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: layout, Retention: 2 * time.Hour})
@@ -67,7 +67,7 @@ func TestImportCommand(t *testing.T) {
 			t.Errorf("%s: %d rows of known, want its own only", layout, n)
 		}
 		// An ID older than every partition is refused, and nothing is written.
-		if layout == pgdedup.Partitioned {
+		if layout == pgdedup.LayoutPartitioned {
 			file := writeFile(t, "b-1,"+p2.Format(time.RFC3339)+"\nb-2,"+now.Add(-72*time.Hour).Format(time.RFC3339)+"\n")
 			r := run(t, "import", "--consumer", "billing", "--file", file, "--database-url", db.URL)
 			if r.code != 1 || !strings.Contains(r.stderr, "older than the table's oldest partition") || !strings.Contains(r.stderr, "nothing was imported") ||

@@ -48,7 +48,7 @@ type CleanerFigures struct {
 }
 
 // The layouts every scenario runs on: the plain table, and the partitioned
-// one (pgdedup.Partitioned) with partitions of partitionSpan, so that a
+// one (pgdedup.LayoutPartitioned) with partitions of partitionSpan, so that a
 // run of a few seconds crosses many switches and seals.
 const (
 	layoutPlain       = "plain"
@@ -77,7 +77,7 @@ func StartCleanerLoad(t testing.TB, db *pgxpool.Pool, layout string) *CleanerLoa
 	cfg := pgdedup.Config{Consumer: "cleaner", CleanupBatchSize: 250}
 	if layout == layoutPartitioned {
 		c.span = partitionSpan
-		cfg.Layout, cfg.Retention, cfg.Partitions = pgdedup.Partitioned, 10*c.span, 10
+		cfg.Layout, cfg.Retention, cfg.Partitions = pgdedup.LayoutPartitioned, 10*c.span, 10
 		setup, err := pgdedup.New(db, cfg)
 		if err != nil {
 			t.Fatal(err)
