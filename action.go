@@ -9,25 +9,25 @@ import (
 	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
-// Action is what a consumer does with a message after a call of [Store.Process]
-// or one of its kin: [ActionFor] returns it for the call's error.
-// docs/errors.md lists every error pgdedup returns with its Action.
+// Action is what a consumer does with a message after a call of
+// [Store.Process] or one of its kin. [ActionFor] returns it for the call's
+// error. docs/errors.md lists every error pgdedup returns with its Action.
 type Action int
 
 const (
-	// ActionAck means the message is done: acknowledge it. Its effect
+	// ActionAck means the message is done, so acknowledge it. Its effect
 	// committed now or in an earlier delivery (a duplicate is not an error).
 	ActionAck Action = iota
-	// ActionRequeue means a later attempt can succeed: nack the message so
+	// ActionRequeue means a later attempt can succeed. Nack the message so
 	// that the broker redelivers it, after a delay where the broker has one.
 	// Nothing was recorded.
 	ActionRequeue
 	// ActionStop means the consumer is shutting down or no longer owns the
-	// message's partition: neither acknowledge nor dead-letter it, and stop
+	// message's partition. Neither acknowledge nor dead-letter it, and stop
 	// taking messages. The broker redelivers it to whoever consumes next.
 	// Nothing was recorded.
 	ActionStop
-	// ActionDeadLetter means no attempt can ever succeed: send the message to
+	// ActionDeadLetter means no attempt can ever succeed. Send the message to
 	// the dead-letter queue, or reject it without requeueing. Nothing was
 	// recorded.
 	ActionDeadLetter
@@ -51,26 +51,25 @@ func (a Action) String() string {
 // ActionFor answers "ack, requeue, stop or dead-letter?" for err, the error
 // of [Store.Process], [Store.ProcessBatch], [Store.ProcessOffsets],
 // [Store.ProcessResult] or a claim, wrapped or not. A duplicate is not an
-// error: nil is [ActionAck].
+// error, so nil is [ActionAck].
 //
-// It answers:
+// The answers are these.
 //
-//   - [ActionAck] for nil and for [ErrResultExpired]: the message was
-//     processed by an earlier delivery.
+//   - [ActionAck] for nil and for [ErrResultExpired]. An earlier delivery
+//     processed the message.
 //   - [ActionStop] for a canceled context (a shutdown) and for [ErrFenced]
 //     (a newer consumer owns the partition).
-//   - [ActionRequeue] for what a later attempt can cure: every error that
-//     [IsTransient] calls transient, [ErrInFlight], [ErrCleanupStarved], a
-//     context deadline, and the database conditions docs/errors.md lists (a
-//     lock or statement timeout, too many connections or another lack of
-//     resources, a claim that finds no partition because the cleaner is
-//     late),
-//     whichever connection the timeouts and the lack of resources come from.
-//   - [ActionDeadLetter] for everything else: invalid input (such as
-//     [ErrInvalidMessageID], [ErrPayloadMismatch], [ErrTooLate]), an
-//     invalid [Config], and fn's own errors, which pgdedup cannot know to
-//     be curable. fn can return an error a retry cures when it wraps one
-//     of the conditions above.
+//   - [ActionRequeue] for what a later attempt can cure. That is every error
+//     that [IsTransient] calls transient, [ErrInFlight], [ErrCleanupStarved],
+//     a context deadline, and the database conditions that docs/errors.md
+//     lists. These are a lock or statement timeout, too many connections or
+//     another lack of resources, and a claim that finds no partition because
+//     the cleaner is late, whichever connection they come from.
+//   - [ActionDeadLetter] for everything else. That is invalid input (such as
+//     [ErrInvalidMessageID], [ErrPayloadMismatch], [ErrTooLate]), an invalid
+//     [Config], and fn's own errors, which pgdedup cannot know to be curable.
+//     fn can return an error a retry cures when it wraps one of the
+//     conditions above.
 //
 // It classifies by error type and SQLSTATE, never by message text.
 func ActionFor(err error) Action {
@@ -88,27 +87,27 @@ func ActionFor(err error) Action {
 }
 
 // retryableSQLState reports whether err carries a SQLSTATE that a later
-// attempt can cure, beyond those IsTransient retries at once: conditions of
-// the server's load or its settings, which a retry within one call would
-// only prolong.
+// attempt can cure, beyond those IsTransient retries at once. These are
+// conditions of the server's load or its settings, which a retry within one
+// call would only prolong.
 func retryableSQLState(err error) bool {
 	code, ok := sqlState(err)
 	if !ok {
 		return false
 	}
 	switch code {
-	case "55P03", // lock_not_available: lock_timeout, NOWAIT
-		"57014", // query_canceled: statement_timeout
+	case "55P03", // lock_not_available, from lock_timeout or NOWAIT
+		"57014", // query_canceled, from statement_timeout
 		"25P03", // idle_in_transaction_session_timeout
 		"57P05": // idle_session_timeout
 		return true
 	}
-	// insufficient_resources: too many connections, out of memory, disk full
+	// insufficient_resources, such as too many connections or a full disk
 	return strings.HasPrefix(code, "53")
 }
 
 // curableError marks an error of pgdedup's own claim that a later attempt
-// cures once something outside the message changes: the table has no
+// cures once something outside the message changes. The table has no
 // partition for the claim's time until a cleaner creates it. [ActionFor]
 // answers [ActionRequeue] for it.
 type curableError = shape.CurableError

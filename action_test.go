@@ -309,10 +309,10 @@ func actionCases() map[string]func(t *testing.T) error {
 			b := setup(t, pgdedup.Config{})
 			ctx := ctxT(t)
 			noop := func(context.Context, pgx.Tx, []int64) error { return nil }
-			if _, err := b.store.ProcessOffsets(ctx, pgdedup.Partition{Topic: "orders", Generation: 2}, []int64{1}, noop); err != nil {
+			if _, err := b.store.ProcessOffsets(ctx, pgdedup.TopicPartition{Topic: "orders", Generation: 2}, []int64{1}, noop); err != nil {
 				t.Fatal(err)
 			}
-			_, err := b.store.ProcessOffsets(ctx, pgdedup.Partition{Topic: "orders", Generation: 1}, []int64{2}, noop)
+			_, err := b.store.ProcessOffsets(ctx, pgdedup.TopicPartition{Topic: "orders", Generation: 1}, []int64{2}, noop)
 			return err
 		},
 		"`context.DeadlineExceeded`": func(t *testing.T) error {
@@ -445,7 +445,7 @@ func actionCases() map[string]func(t *testing.T) error {
 		},
 		"`ErrInvalidOffset`": func(t *testing.T) error {
 			b := setup(t, pgdedup.Config{})
-			_, err := b.store.ProcessOffsets(ctxT(t), pgdedup.Partition{Topic: "orders", Partition: -1}, []int64{1}, func(context.Context, pgx.Tx, []int64) error { return nil })
+			_, err := b.store.ProcessOffsets(ctxT(t), pgdedup.TopicPartition{Topic: "orders", Partition: -1}, []int64{1}, func(context.Context, pgx.Tx, []int64) error { return nil })
 			return err
 		},
 		"`ErrInvalidOption`": func(t *testing.T) error {

@@ -37,13 +37,13 @@ func BenchmarkValidateMessageID(b *testing.B) {
 	}
 }
 
-func BenchmarkContentKey(b *testing.B) {
+func BenchmarkMessageIDFromContent(b *testing.B) {
 	for _, n := range []int{256, 4096} {
 		payload := []byte(strings.Repeat("x", n))
 		b.Run(fmt.Sprintf("bytes=%d", n), func(b *testing.B) {
 			b.SetBytes(int64(n))
 			for b.Loop() {
-				_ = pgdedup.ContentKey(payload)
+				_ = pgdedup.MessageIDFromContent(payload)
 			}
 		})
 	}

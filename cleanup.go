@@ -47,7 +47,7 @@ import (
 // duration, debug for each batch, a warning when it fails or is starved) and
 // reported to [Config.OnEvent] as an [EventCleanup].
 //
-// On a table of the [Partitioned] layout Cleanup deletes no rows: it creates
+// On a table of the [LayoutPartitioned] layout Cleanup deletes no rows: it creates
 // the partitions of the next spans, seals the older ones and detaches and
 // drops those whose rows have all expired (docs/partitioning.md), logs what
 // it created and dropped and reports them in the [Event] (Created,
@@ -120,7 +120,7 @@ const MinCleanerInterval = time.Millisecond
 
 // RunCleaner runs [Store.Cleanup] about every interval until ctx is done, then returns
 // ctx.Err(); it blocks, so start it in a goroutine of its own and cancel ctx to
-// stop it. On the [Partitioned] layout, given a pool, it also creates the
+// stop it. On the [LayoutPartitioned] layout, given a pool, it also creates the
 // partitions ahead every interval on a goroutine of its own, so that
 // creation never waits behind a run held up sealing or detaching; that
 // goroutine has ended when RunCleaner returns.

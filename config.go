@@ -17,107 +17,89 @@ import (
 
 // Config configures a [Store]. Only Consumer is required.
 type Config struct {
-	// Consumer scopes message IDs: the same ID under two consumers is processed
-	// once by each. Use one name per logical handler ("billing", "emails"): at
-	// most [MaxConsumerLen] bytes of valid UTF-8, without control characters,
-	// not blank. Required.
+	// Consumer scopes message IDs. The same ID under two consumers is
+	// processed once by each, so use one name per logical handler, such as
+	// "billing". It must be valid UTF-8 without control characters, not
+	// blank, and at most [MaxConsumerLen] bytes. Required.
 	Consumer string
 
-	// Table is the dedup table, optionally schema-qualified ("ops.processed_messages").
-	// Each part must be a plain identifier (letters, digits, _ and $, not starting
-	// with a digit, at most 63 bytes); it is quoted, so case is kept.
-	// Defaults to [DefaultTable], "processed_messages", resolved through the
-	// search_path.
+	// Table is the dedup table, optionally schema-qualified, such as
+	// "ops.processed_messages". Each part is a plain identifier of at most 63
+	// bytes, and it is quoted, so case is kept. Defaults to [DefaultTable],
+	// found through the search_path.
 	Table string
 
-	// Retention is how long an ID is remembered: expires_at = now() + Retention
-	// at claim time, and [Store.Cleanup] deletes the row after that. It must exceed the
-	// longest time the broker can redeliver a message (take at least twice that).
-	// At least [MinRetention], so that a bare number (48, meaning 48ns) is
-	// caught. Defaults to [DefaultRetention], 48h.
+	// Retention is how long an ID is remembered before [Store.Cleanup] may
+	// delete its row. Make it at least twice the longest time the broker can
+	// redeliver a message. It must be at least [MinRetention], which catches a
+	// bare number such as 48. Defaults to [DefaultRetention], 48 hours.
 	Retention time.Duration
 
-	// LockTimeout bounds how long a delivery waits for another transaction that
-	// holds the same ID (a duplicate delivered while the first is in flight).
-	// Zero waits until the first finishes, then skips (it committed) or proceeds
-	// (it rolled back). Above zero, the wait gives up after LockTimeout (rounded
-	// up to a millisecond) with [ErrInFlight]: nack or requeue the message.
-	// Defaults to 0.
+	// LockTimeout bounds how long a delivery waits for another transaction
+	// that holds the same ID. Past it the call returns [ErrInFlight], and the
+	// message should be requeued. It is rounded up to a millisecond, and zero
+	// waits until the other transaction ends. Defaults to 0.
 	LockTimeout time.Duration
 
-	// MaxAttempts is how many times [Store.Process] and the other Process calls
-	// try a message when an attempt fails in the database in a way that trying
-	// again can cure (see [IsTransient]). Defaults to [DefaultMaxAttempts], 3;
-	// 1 disables retries.
+	// MaxAttempts is how many times the Process calls try a message whose
+	// attempt failed in a way that trying again can cure (see [IsTransient]).
+	// Set it to 1 to turn retries off. Defaults to [DefaultMaxAttempts], 3.
 	MaxAttempts int
 
-	// MaxBatch is the most IDs one [Store.ProcessBatch] or
-	// [Store.ClaimBatch] (or ClaimBatchSQL) accepts; a larger batch is rejected
-	// with [ErrBatchTooLarge] before anything is sent. It bounds the size of one
-	// statement and of one transaction's locks and WAL. Defaults to
-	// [DefaultMaxBatch], 10,000.
+	// MaxBatch is the most IDs one batch call accepts. A larger batch fails
+	// with [ErrBatchTooLarge] before anything is sent, which bounds one
+	// transaction's locks and WAL. Defaults to [DefaultMaxBatch], 10,000.
 	MaxBatch int
 
 	// TxOptions are the options of the transactions the Process calls begin.
-	// Defaults to the zero value: read committed, read write.
+	// Defaults to the zero value, read committed and read write.
 	TxOptions pgx.TxOptions
 
-	// Logger receives a debug record for each skipped duplicate, a warning for
-	// each retried attempt and cleanup failure, and an info record per cleanup
-	// run. Defaults to discarding.
+	// Logger receives skipped duplicates at debug level, retries and failures
+	// as warnings, and each cleanup run as info. Defaults to discarding.
 	Logger *slog.Logger
 
-	// OnEvent, when set, is called synchronously after each outcome, for metrics:
-	// messages processed, duplicates skipped, retries, in-flight give-ups and
-	// cleanup runs (see [EventKind]). It must be fast and safe for concurrent use.
-	// Defaults to nil.
+	// OnEvent is called synchronously after each outcome, for metrics (see
+	// [EventKind]). It must be fast and safe for concurrent use. Defaults to
+	// nil.
 	OnEvent func(ctx context.Context, e Event)
 
-	// CleanupBatchSize is how many expired rows one [Store.Cleanup] transaction deletes
-	// at most. Defaults to [DefaultCleanupBatchSize], 10,000.
+	// CleanupBatchSize is the most expired rows one [Store.Cleanup]
+	// transaction deletes. Defaults to [DefaultCleanupBatchSize], 10,000.
 	CleanupBatchSize int
 
 	// CleanupTurnWait is how long a [Store.Cleanup] that finds the cleaners'
-	// turn taken keeps trying to take it; if nobody cleaned meanwhile, it then
-	// returns [ErrCleanupStarved]. Defaults to 0: it returns nil at once, and
-	// only the third such run in a row that saw nobody cleaning returns
-	// ErrCleanupStarved. A cron job (`pgdedup cleanup`) should wait.
+	// turn taken keeps trying. If nobody cleaned meanwhile it returns
+	// [ErrCleanupStarved]. Defaults to 0, which returns at once and reports
+	// only the third starved run in a row.
 	CleanupTurnWait time.Duration
 
-	// Layout is the shape of the dedup table that [Store.Setup] creates:
-	// [Plain] (the default) or [Partitioned]. Claims, Cleanup and Stats
-	// follow the table as they find it, whatever Layout says: a Partitioned
-	// Store rolled out before Setup claims on the plain table, and follows
-	// the table once Setup has moved it (within a minute). Layout only
-	// decides what Setup makes. See docs/partitioning.md.
+	// Layout is the shape of the table that [Store.Setup] creates. Claims,
+	// Cleanup and Stats follow the table they find, whatever Layout says (see
+	// docs/partitioning.md). Defaults to [LayoutPlain].
 	Layout Layout
 
-	// Partitions is how many partitions of the [Partitioned] layout span one
-	// Retention: each covers Retention ÷ Partitions of claim time (at least
-	// [MinPartitionSpan]). More, smaller partitions keep the index a claim
-	// writes to smaller (less WAL), at the price of one more index probe per
-	// claim for each. Defaults to [DefaultPartitions], 12, and must not
-	// exceed [MaxPartitions]: every claim locks each attached partition. Fixed
-	// when Setup creates the table: later Stores follow the table's span.
+	// Partitions is how many partitions of the [LayoutPartitioned] table span
+	// one Retention. More partitions mean smaller indexes and one more index
+	// probe per claim, and each must span at least [MinPartitionSpan]. It is
+	// fixed when Setup creates the table. Defaults to [DefaultPartitions], 12,
+	// and must not exceed [MaxPartitions].
 	Partitions int
 
-	// MaxResultBytes is the longest result [Store.ProcessResult] stores; a
-	// longer one fails the call with [ErrResultTooLarge] before COMMIT. It
-	// bounds the row every duplicate reads back. Defaults to
-	// [DefaultMaxResultBytes], 64 KiB.
+	// MaxResultBytes is the longest result [Store.ProcessResult] stores. A
+	// longer one fails the call with [ErrResultTooLarge] before COMMIT.
+	// Defaults to [DefaultMaxResultBytes], 64 KiB.
 	MaxResultBytes int
 
 	// LateMargin is the safety margin of the late-message guard
-	// ([WithSentAt]): a delivery sent more than the Retention in force minus
-	// LateMargin ago returns [ErrTooLate]. It should cover the time between a
-	// claim and its COMMIT, and the skew between the sender's clock and the
-	// consumer's. Defaults to 0, which means a tenth of the Retention in force.
+	// ([WithSentAt]). It should cover the time from a claim to its COMMIT and
+	// the skew between the sender's clock and the consumer's. Defaults to 0,
+	// which means a tenth of the Retention in force.
 	LateMargin time.Duration
 
-	// OffsetTable is the table of last processed offsets used by
-	// [Store.ProcessOffsets] and the other offset calls, optionally
-	// schema-qualified, with the same rules as Table. Defaults to
-	// "processed_offsets", in Table's schema when Table is schema-qualified.
+	// OffsetTable is the table of the offset calls, such as
+	// [Store.ProcessOffsets], with the same rules as Table. Defaults to
+	// "processed_offsets", in Table's schema if Table names one.
 	OffsetTable string
 }
 
@@ -134,15 +116,15 @@ const (
 	DefaultMaxResultBytes = 64 << 10 // Config.MaxResultBytes
 
 	MinPartitionSpan = 100 * time.Millisecond // the shortest Retention ÷ Partitions accepted
-	MaxPartitions    = 60                     // the most Config.Partitions accepted: claims lock every partition
+	MaxPartitions    = 60                     // the most Config.Partitions accepted, since claims lock every partition
 
 	MinRetention   = time.Second // the shortest Config.Retention accepted
 	MaxConsumerLen = 255         // the longest Config.Consumer accepted, in bytes
 )
 
 // Validate returns a *[ConfigError] for the first field of cfg that [New]
-// would reject, or nil. It needs no database. Zero fields are valid: they take
-// their defaults.
+// would reject, or nil. It needs no database. Zero fields are valid, since
+// they take their defaults.
 func (cfg Config) Validate() error {
 	_, _, err := cfg.tables()
 	return err
@@ -194,15 +176,15 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("CleanupBatchSize", "must not be negative, got %d", cfg.CleanupBatchSize)
 	case cfg.CleanupTurnWait < 0:
 		return nil, nil, bad("CleanupTurnWait", "must not be negative, got %s", cfg.CleanupTurnWait)
-	case cfg.Layout != Plain && cfg.Layout != Partitioned:
-		return nil, nil, bad("Layout", "is %d, neither Plain nor Partitioned", int(cfg.Layout))
+	case cfg.Layout != LayoutPlain && cfg.Layout != LayoutPartitioned:
+		return nil, nil, bad("Layout", "is %d, neither LayoutPlain nor LayoutPartitioned", int(cfg.Layout))
 	case cfg.Partitions < 0:
 		return nil, nil, bad("Partitions", "must not be negative, got %d", cfg.Partitions)
 	case partitioned.AttachedPartitions(cmp.Or(cfg.Partitions, DefaultPartitions)) > maxAttachedPartitions:
 		return nil, nil, bad("Partitions", "%d is over %d: every claim locks each attached partition and its indexes (about %d locks with %d attached) "+
 			"in PostgreSQL's shared lock table (max_locks_per_transaction × max_connections); make fewer, longer partitions",
 			cmp.Or(cfg.Partitions, DefaultPartitions), MaxPartitions, partitioned.ClaimLocks(maxAttachedPartitions), maxAttachedPartitions)
-	case cfg.Layout == Partitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
+	case cfg.Layout == LayoutPartitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
 		return nil, nil, bad("Partitions", "%d would make partitions of %s, shorter than %s", cmp.Or(cfg.Partitions, DefaultPartitions),
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
 	case cfg.MaxResultBytes < 0:
@@ -223,28 +205,28 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 // at MaxPartitions.
 var maxAttachedPartitions = partitioned.AttachedPartitions(MaxPartitions)
 
-// Layout is the shape of the dedup table: see [Config.Layout].
+// Layout is the shape of the dedup table (see [Config.Layout]).
 type Layout int
 
 // The layouts of the dedup table.
 const (
-	// Plain is one table with one unique index on key, as [Migrate] creates
-	// it; Cleanup deletes expired rows.
-	Plain Layout = iota
-	// Partitioned is a table partitioned by claim time, one partition per
-	// Retention ÷ [Config.Partitions]: a claim writes to the current
+	// LayoutPlain is one table with one unique index on key, as [Migrate]
+	// creates it. Cleanup deletes its expired rows.
+	LayoutPlain Layout = iota
+	// LayoutPartitioned is a table partitioned by claim time, one partition
+	// per Retention ÷ [Config.Partitions]. A claim writes to the current
 	// partition's small index, and Cleanup forgets old IDs by dropping whole
-	// partitions, on plain PostgreSQL or a table Citus distributes. See
-	// [Store.Setup] and docs/partitioning.md.
-	Partitioned
+	// partitions. It works on plain PostgreSQL and on a table Citus
+	// distributes. See [Store.Setup] and docs/partitioning.md.
+	LayoutPartitioned
 )
 
 // String returns "plain" or "partitioned".
 func (l Layout) String() string {
 	switch l {
-	case Plain:
+	case LayoutPlain:
 		return "plain"
-	case Partitioned:
+	case LayoutPartitioned:
 		return "partitioned"
 	}
 	return fmt.Sprintf("Layout(%d)", int(l))

@@ -47,9 +47,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"retention of 48ns":      {pgdedup.Config{Consumer: "c", Retention: 48}, "Retention"},
 		"retention under 1s":     {pgdedup.Config{Consumer: "c", Retention: pgdedup.MinRetention - 1}, "Retention"},
 		"negative max batch":     {pgdedup.Config{Consumer: "c", MaxBatch: -1}, "MaxBatch"},
-		"partitions over the max": {pgdedup.Config{Consumer: "c", Layout: pgdedup.Partitioned, Retention: 14 * 24 * time.Hour,
+		"partitions over the max": {pgdedup.Config{Consumer: "c", Layout: pgdedup.LayoutPartitioned, Retention: 14 * 24 * time.Hour,
 			Partitions: pgdedup.MaxPartitions + 1}, "Partitions"},
-		"hourly for 14 days": {pgdedup.Config{Consumer: "c", Layout: pgdedup.Partitioned, Retention: 14 * 24 * time.Hour,
+		"hourly for 14 days": {pgdedup.Config{Consumer: "c", Layout: pgdedup.LayoutPartitioned, Retention: 14 * 24 * time.Hour,
 			Partitions: 14 * 24}, "Partitions"},
 	}
 	for _, table := range []string{

@@ -7,35 +7,35 @@ import (
 	"strings"
 )
 
-// ClaimSQL is [Store.Claim] for services that reach Postgres through database/sql
-// (sqlc, sqlx, bun, GORM over pgx's stdlib driver, lib/pq): it records
-// messageID for the [Store]'s consumer inside tx and reports whether it is new.
-// The claim commits or rolls back with tx, so run the business write in tx
-// only when claimed is true.
+// ClaimSQL is [Store.Claim] for services that reach Postgres through
+// database/sql, such as sqlc, sqlx, bun, or GORM over pgx's stdlib driver or
+// lib/pq. It records messageID for the [Store]'s consumer inside tx and
+// reports whether it is new. The claim commits or rolls back with tx, so run
+// the business write in tx only when claimed is true.
 //
 // It runs the same statement as Claim, with the same validation, and behaves
-// the same: a duplicate returns (false, nil) and leaves tx usable; another
-// transaction holding the ID is waited for, or, with [Config.LockTimeout], gives
-// [ErrInFlight] after which tx is aborted and must be rolled back. It does not
-// retry. The Store's own [DB] is not used; tx may come from any *sql.DB on the
-// same database.
+// the same. A duplicate returns (false, nil) and leaves tx usable. Another
+// transaction holding the ID is waited for. With [Config.LockTimeout] that
+// wait gives [ErrInFlight], after which tx is aborted and must be rolled back.
+// It does not retry. The Store's own [DB] is not used, and tx may come from
+// any *sql.DB on the same database.
 //
-// Without Config.LockTimeout the claim is one round trip. With it, database/sql
-// cannot pipeline as pgx does, so it costs three: the transaction-local timeout
-// is set (one multi-statement Exec without arguments), the claim runs, and the
-// previous lock_timeout is restored.
+// Without Config.LockTimeout the claim is one round trip. database/sql cannot
+// pipeline as pgx does, so with it the claim costs three. The first sets the
+// transaction-local timeout in one multi-statement Exec without arguments.
+// The second is the claim, and the third restores the previous lock_timeout.
 //
-// opts are as in [Store.Process]; with [WithFingerprint] the fingerprint is
+// opts are as in [Store.Claim]. With [WithFingerprint] the fingerprint is
 // read back in one more round trip.
 func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts ...Option) (claimed bool, err error) {
-	return s.claimID(messageID, opts, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
+	return s.claimID("ClaimSQL", messageID, opts, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
-// ClaimBatchSQL is [Store.ClaimBatch] for database/sql: it records messageIDs inside tx
-// and returns the ones that are new, in the order they first appear in
-// messageIDs, each once. It runs ClaimBatch's statements, sorted the same
-// way so that overlapping batches cannot deadlock, and rejects the batch as
-// ClaimBatch does before anything is sent. Round trips and
+// ClaimBatchSQL is [Store.ClaimBatch] for database/sql. It records messageIDs
+// inside tx and returns the ones that are new, each once, in the order they
+// first appear in messageIDs. It runs ClaimBatch's statements, sorted the same
+// way so that overlapping batches cannot deadlock. It rejects the batch as
+// ClaimBatch does, before anything is sent. Round trips and
 // [Config.LockTimeout] are as in [Store.ClaimSQL].
 //
 // The IDs and their keys travel as array parameters written as Postgres
@@ -44,12 +44,12 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
-// ClaimOffsetsSQL is [Store.ClaimOffsets] for database/sql: inside tx it
+// ClaimOffsetsSQL is [Store.ClaimOffsets] for database/sql. Inside tx it
 // advances p's stored offset to the highest of offsets and returns those above
-// the previously stored one. It validates as ClaimOffsets does and costs two
-// round trips (the claim, then the read of the stored row that tells a
-// duplicate from a fenced claim), plus two with [Config.LockTimeout].
-func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p Partition, offsets []int64) (fresh []int64, err error) {
+// the previously stored one. It validates as ClaimOffsets does. It costs two
+// round trips, the claim and then the read of the stored row that tells a
+// duplicate from a fenced claim, plus two with [Config.LockTimeout].
+func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
 	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
 }
 
@@ -68,7 +68,7 @@ func sqlArgs(args []any) []any {
 
 // textArray is a text[] parameter as a Postgres array literal. Every element
 // is quoted, so no element is read as NULL and commas or braces in IDs are
-// data; inside quotes only " and \ need a backslash.
+// data. Inside quotes only " and \ need a backslash.
 type textArray []string
 
 // Value implements driver.Valuer.

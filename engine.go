@@ -11,46 +11,46 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// This file is the one path every claim takes: a single ID, a batch of IDs,
-// a partition's offsets; in a transaction the Process calls begin, in the
-// caller's pgx transaction, or in the caller's database/sql transaction. A
-// kind of claim only says which statements to send and what their answer
-// means (the claim interface); the table's layout says how they are written
-// where the table lives (layout.go). Sending, reading, in-flight and
-// duplicate handling, fn, COMMIT, retries, error wrapping, logs and events
-// are written here once.
+// This file is the one path every claim takes. A claim is a single ID, a
+// batch of IDs or a partition's offsets. It runs in a transaction the
+// Process calls begin, in the caller's pgx transaction, or in the caller's
+// database/sql transaction. A kind of claim only says which statements to
+// send and what their answer means (the claim interface). The table's layout
+// says how they are written where the table lives (layout.go). Sending,
+// reading, in-flight and duplicate handling, fn, COMMIT, retries, error
+// wrapping, logs and events are written here once.
 
-// claim is one kind of claim, for one call: the statements that claim its
-// items and, once they have run, its outcome.
+// claim is one kind of claim, for one call. It gives the statements that
+// claim its items and, once they have run, its outcome.
 type claim interface {
 	// statements returns what to send on l, in order. Their callbacks record
 	// the outcome in the claim, which starts afresh with each call.
 	statements(l *layouts) claimStatements
-	// outcome reads the result after the statements ran: how many items were
-	// new, and how many were skipped as already claimed. An error here (a
+	// outcome reads the result after the statements ran. It says how many
+	// items were new, and how many were skipped as already claimed. An error here (a
 	// fenced partition) fails the claim.
 	outcome() (fresh, skipped int, err error)
-	// subject names what is claimed, for error messages: `"order-1"`,
-	// "batch of 3 IDs", "orders partition 2 offsets 5-9".
+	// subject names what is claimed, for error messages, such as `"order-1"`,
+	// "batch of 3 IDs" or "orders partition 2 offsets 5-9".
 	subject() string
-	// messageID is the ID of a single-ID claim, for logs and events; empty for
-	// batches and offsets.
+	// messageID is the ID of a single-ID claim, for logs and events. It is
+	// empty for batches and offsets.
 	messageID() string
 	// size is how many items the claim claims (distinct IDs, offsets).
 	size() int
 }
 
 // claimStatements are the statements of one claim, sent in one round trip
-// with pgx: the transaction-local settings it runs with, the claim itself, and
-// the statements restoring the settings.
+// with pgx. They are the transaction-local settings it runs with, the claim
+// itself, and the statements restoring the settings.
 type claimStatements struct {
 	settings txSettings
 	claim    []statement
 }
 
-// txSettings are transaction-local settings a claim runs with
-// (Config.LockTimeout; Citus's modes), as statements sent before the claim
-// (set) and after it (restore), in the same transaction.
+// txSettings are transaction-local settings a claim runs with, such as
+// Config.LockTimeout or Citus's modes. They are statements sent before the
+// claim (set) and after it (restore), in the same transaction.
 type txSettings struct{ set, restore []string }
 
 // statement is one SQL statement of a claim and what reads its answer.
@@ -97,11 +97,11 @@ func (cs claimStatements) queue(b *pgx.Batch) {
 	}
 }
 
-// runSQL runs cs in tx, a database/sql transaction, which cannot pipeline:
-// the settings on each side go as one Exec without arguments (drivers send it
-// as one simple query, one round trip), and each claim statement is a round
-// trip of its own. After a failed claim the restoring statements are skipped:
-// tx is aborted and will be rolled back anyway.
+// runSQL runs cs in tx, a database/sql transaction, which cannot pipeline.
+// The settings on each side go as one Exec without arguments, which drivers
+// send as one simple query in one round trip. Each claim statement is a round
+// trip of its own. After a failed claim the restoring statements are skipped,
+// because tx is aborted and will be rolled back anyway.
 func (cs claimStatements) runSQL(ctx context.Context, tx *sql.Tx) error {
 	if len(cs.settings.set) > 0 {
 		if _, err := tx.ExecContext(ctx, strings.Join(cs.settings.set, "; ")); err != nil {
@@ -148,13 +148,13 @@ func runSQLStatement(ctx context.Context, tx *sql.Tx, st statement) error {
 		return err
 	}
 	if st.affected != nil {
-		st.affected(n) // RETURNING: one row per row written
+		st.affected(n) // RETURNING gives one row per row written
 	}
 	return rows.Close()
 }
 
-// claimInTx runs c in tx, the caller's pgx transaction: one round trip, no
-// retry (retrying is the business of whoever owns tx).
+// claimInTx runs c in tx, the caller's pgx transaction. It costs one round
+// trip and never retries, since retrying is the business of whoever owns tx.
 func (s *Store) claimInTx(ctx context.Context, tx pgx.Tx, c claim) error {
 	if tx == nil {
 		return errNilTx
@@ -182,7 +182,7 @@ func (s *Store) claimInSQLTx(ctx context.Context, tx *sql.Tx, c claim) error {
 }
 
 // claimDone turns the claim's answer into its outcome, its error, logs and
-// events: the same for every kind of claim wherever it ran.
+// events. It is the same for every kind of claim wherever it ran.
 func (s *Store) claimDone(ctx context.Context, c claim, l *layouts, err error) error {
 	if err != nil {
 		err = s.claimError(c, l, err)
@@ -211,9 +211,10 @@ func (s *Store) claimDone(ctx context.Context, c claim, l *layouts, err error) e
 }
 
 // claimError wraps err, the failure of c's statements, naming what was
-// claimed and keeping the server's DETAIL: a lock timeout becomes
-// ErrInFlight, a missing table says to run Migrate, and a failure of the
-// database that a new transaction can cure is marked as such for IsTransient.
+// claimed and keeping the server's DETAIL. A lock timeout becomes
+// ErrInFlight, and a missing table says to run Migrate. A failure of the
+// database that a new transaction can cure is marked as such for
+// IsTransient.
 func (s *Store) claimError(c claim, l *layouts, err error) error {
 	err = withDetail(err)
 	code, _ := sqlState(err)
@@ -227,8 +228,8 @@ func (s *Store) claimError(c claim, l *layouts, err error) error {
 	return l.transient(fmt.Errorf("pgdedup: %s %s: %w", action(c), c.subject(), err))
 }
 
-// action names what c's statements do, for error messages: "claim", unless c
-// says otherwise ("forget").
+// action names what c's statements do, for error messages. It is "claim"
+// unless c says otherwise, as Forget's "forget" does.
 func action(c claim) string {
 	if a, ok := c.(interface{ action() string }); ok {
 		return a.action()
@@ -237,9 +238,9 @@ func action(c claim) string {
 }
 
 // apply runs c's statements in a transaction of their own and commits,
-// retrying failures of the database: for statements that change rows without
-// running fn (Store.Forget). BEGIN and the statements go in one round trip,
-// COMMIT in a second.
+// retrying failures of the database. It serves statements that change rows
+// without running fn, such as Store.Forget. BEGIN and the statements go in one
+// round trip, and COMMIT in a second.
 func (s *Store) apply(ctx context.Context, c claim) error {
 	return s.retry(ctx, c.messageID(), func() error {
 		l, err := s.layouts(ctx, pgxQueryRow(s.db))
@@ -266,9 +267,9 @@ func (s *Store) apply(ctx context.Context, c claim) error {
 }
 
 // process runs fn for c's fresh items in a transaction that claims them, and
-// commits, retrying failures of the database: the loop behind Process,
-// ProcessBatch and ProcessOffsets. BEGIN and the claim go in one round trip.
-// It reports whether fn ran and committed.
+// commits, retrying failures of the database. It is the loop behind Process,
+// ProcessBatch, ProcessResult and ProcessOffsets. BEGIN and the claim go in one
+// round trip. It reports whether fn ran and committed.
 func (s *Store) process(ctx context.Context, c claim, fn func(ctx context.Context, tx pgx.Tx) error) (committed bool, err error) {
 	err = s.retry(ctx, c.messageID(), func() error {
 		var err error
@@ -289,7 +290,7 @@ func (s *Store) processOnce(ctx context.Context, c claim, fn func(ctx context.Co
 	c.statements(l).queue(b)
 	br := s.db.SendBatch(ctx, b)
 	tx := br.Tx()
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit; on failure pgx closes the connection
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit, and pgx closes the connection on failure
 
 	if err := s.claimDone(ctx, c, l, br.Close()); err != nil {
 		return false, err
@@ -308,8 +309,9 @@ func (s *Store) processOnce(ctx context.Context, c claim, fn func(ctx context.Co
 	return true, nil
 }
 
-// queryRowFunc runs one single-row query and scans it: pgx's QueryRow on a
-// pool, a transaction or a connection, or database/sql's QueryRowContext.
+// queryRowFunc runs one single-row query and scans it. It wraps pgx's
+// QueryRow on a pool, a transaction or a connection, or database/sql's
+// QueryRowContext.
 type queryRowFunc func(ctx context.Context, sql string, args []any, dest ...any) error
 
 func pgxQueryRow(q interface {

@@ -33,11 +33,11 @@ type engineBundle struct {
 	sqlDB *sql.DB
 }
 
-func offsetsOf(item string) pgdedup.Partition {
+func offsetsOf(item string) pgdedup.TopicPartition {
 	if item == "poison" {
-		return pgdedup.Partition{Topic: "poison"}
+		return pgdedup.TopicPartition{Topic: "poison"}
 	}
-	return pgdedup.Partition{Topic: "t-" + item}
+	return pgdedup.TopicPartition{Topic: "t-" + item}
 }
 
 // inPgxTx and inSQLTx run claim in a transaction of their own, committed when

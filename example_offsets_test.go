@@ -33,7 +33,7 @@ func ExampleStore_ProcessOffsets() {
 	}
 	fmt.Println("resume from:", next) // nothing stored yet: the group's reset policy decides
 
-	p := pgdedup.Partition{Topic: "orders", Partition: 0}
+	p := pgdedup.TopicPartition{Topic: "orders", Partition: 0}
 	for _, fetched := range [][]int64{{0, 1, 2}, {1, 2, 3, 4}} { // the second fetch overlaps the first
 		fresh, err := store.ProcessOffsets(ctx, p, fetched, func(ctx context.Context, tx pgx.Tx, fresh []int64) error {
 			for _, offset := range fresh {

@@ -19,7 +19,7 @@ func ExampleStore_Setup() {
 	defer done()
 	ctx := context.Background()
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing",
-		Layout: pgdedup.Partitioned, Partitions: 12}) // 48 h ÷ 12 = 4 h partitions
+		Layout: pgdedup.LayoutPartitioned, Partitions: 12}) // 48 h ÷ 12 = 4 h partitions
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -97,9 +97,9 @@ func ExampleStore_ClaimBatch() {
 	// fresh: [e3]
 }
 
-// ContentKey derives an ID from the payload for sources that send none.
-func ExampleContentKey() {
-	fmt.Println(pgdedup.ContentKey([]byte(`{"order_id":42}`))[:16])
+// MessageIDFromContent derives an ID from the payload for sources that send none.
+func ExampleMessageIDFromContent() {
+	fmt.Println(pgdedup.MessageIDFromContent([]byte(`{"order_id":42}`))[:16])
 	// Output: 2ba2950dab99043d
 }
 

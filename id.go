@@ -14,13 +14,11 @@ const MaxMessageIDLen = 1024
 
 // ValidateMessageID returns nil if id can be recorded, or an error wrapping
 // [ErrInvalidMessageID] that says why not. An ID is 1 to [MaxMessageIDLen]
-// bytes of UTF-8 without NUL, and not blank: an ID of only whitespace
+// bytes of UTF-8 without NUL, and not blank. An ID of only whitespace
 // (unicode.IsSpace) is refused, as a blank Consumer is, since it is almost
 // always a missing value. Other IDs are kept byte for byte, spaces around
-// them included. Every call that takes an ID (Process, Claim, their batch,
-// result and database/sql forms, Lookup, Forget, pgdedup import) calls it
-// before any round trip; it is exported for consumers that want to reject a
-// message early.
+// them included. Every call that takes an ID calls it before any round trip.
+// It is exported for consumers that want to reject a message early.
 func ValidateMessageID(id string) error {
 	if err := idProblem(id); err != nil {
 		return fmt.Errorf("%w: %s", ErrInvalidMessageID, err)
@@ -56,10 +54,10 @@ func validateText(s string) error {
 	return nil
 }
 
-// sortedBatch is a batch of IDs ready to claim: valid, each once, and sorted
-// by key, the order of the primary key, in which they are inserted so that
-// overlapping batches lock rows in the same order and cannot deadlock.
-// keys[i] is the key of ids[i].
+// sortedBatch is a batch of IDs ready to claim, valid and each once. The IDs
+// are sorted by key, the order of the primary key. They are inserted in that
+// order so that overlapping batches lock rows in the same order and cannot
+// deadlock. keys[i] is the key of ids[i].
 type sortedBatch struct {
 	ids, keys []string
 }

@@ -5,12 +5,12 @@ import (
 	"encoding/hex"
 )
 
-// Key returns the primary key of the row that records messageID for consumer:
-// the first 16 bytes of SHA-256 over consumer, a 0 byte and messageID, as a
-// UUID in canonical text form ("3f1c…-…"). The SQL function
+// Key returns the primary key of the row that records messageID for
+// consumer. It is the first 16 bytes of SHA-256 over consumer, a 0 byte and
+// messageID, as a UUID in canonical text form ("3f1c…-…"). The SQL function
 // pgdedup_key(consumer, message_id) that migration 00003 creates computes the
-// same value, so rows written by raw SQL, triggers and operators' queries agree
-// with those written by a [Store].
+// same value. So rows written by raw SQL, triggers and operators' queries
+// agree with those written by a [Store].
 //
 // Use it to find an ID's row by its primary key (WHERE key = $1), or to give
 // business rows the same key, for example to co-locate them with the claim on
@@ -42,10 +42,11 @@ func key(consumer, messageID string) [16]byte {
 	return [16]byte(sum[:16])
 }
 
-// ContentKey returns the hex SHA-256 of payload, a message ID for sources that
-// give none (content-based dedup). Two messages with the same bytes get the same
-// key, so only use it where an identical payload means an identical intent.
-func ContentKey(payload []byte) string {
+// MessageIDFromContent returns the hex SHA-256 of payload, a message ID for
+// sources that give none (content-based dedup). Two messages with the same
+// bytes get the same ID, so only use it where an identical payload means an
+// identical intent.
+func MessageIDFromContent(payload []byte) string {
 	sum := sha256.Sum256(payload)
 	return hex.EncodeToString(sum[:])
 }

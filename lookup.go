@@ -19,7 +19,7 @@ type Record struct {
 
 // Lookup reports whether messageID is recorded for the [Store]'s consumer,
 // and if so when it was processed and when it expires. It reads committed
-// rows only: an ID whose first delivery is still in flight reads as not
+// rows only, so an ID whose first delivery is still in flight reads as not
 // recorded. It costs one round trip and validates messageID first
 // ([ErrInvalidMessageID]).
 func (s *Store) Lookup(ctx context.Context, messageID string) (rec Record, recorded bool, err error) {
@@ -40,16 +40,17 @@ func (s *Store) Lookup(ctx context.Context, messageID string) (rec Record, recor
 }
 
 // Forget deletes the row recording messageID for the [Store]'s consumer and
-// reports whether there was one: the next delivery of messageID is then
+// reports whether there was one. The next delivery of messageID is then
 // processed again. Use it to let a message through on purpose, after fixing a
-// handler that wrongly succeeded; forgetting re-opens the door to exactly the
+// handler that wrongly succeeded. Forgetting re-opens the door to exactly the
 // duplicate the table exists to stop.
 //
-// A first delivery still in flight is never run beside another: Forget waits
-// for its transaction to end and then deletes the row it committed, or, with
-// [Config.LockTimeout], returns [ErrInFlight] after that long. Failures of the
-// database are retried as in [Store.Process]; after a COMMIT whose outcome
-// was unknown, the retry may report false for a row this call deleted.
+// A first delivery still in flight is never run beside another. Forget waits
+// for its transaction to end and then deletes the row it committed. With
+// [Config.LockTimeout] it returns [ErrInFlight] after that long instead.
+// Failures of the database are retried as in [Store.Process]. After a COMMIT
+// whose outcome was unknown, the retry may report false for a row this call
+// deleted.
 func (s *Store) Forget(ctx context.Context, messageID string) (forgotten bool, err error) {
 	if err := ValidateMessageID(messageID); err != nil {
 		return false, err
@@ -61,7 +62,7 @@ func (s *Store) Forget(ctx context.Context, messageID string) (forgotten bool, e
 	return c.found, nil
 }
 
-// lookupRow is one Lookup: the ID and what its statement read.
+// lookupRow is one Lookup, with the ID and what its statement read.
 type lookupRow struct {
 	store *Store
 	id    string
@@ -74,7 +75,7 @@ func (r *lookupRow) scan(scan func(dest ...any) error) error {
 	return scan(&r.rec.ProcessedAt, &r.rec.ExpiresAt)
 }
 
-// lookupRow is a claim for claimError's sake alone: its wording of errors.
+// lookupRow is a claim for claimError's sake alone, which words its errors.
 func (r *lookupRow) statements(*layouts) claimStatements { return claimStatements{} }
 func (r *lookupRow) outcome() (int, int, error)          { return 0, 0, nil }
 func (r *lookupRow) subject() string                     { return strconv.Quote(r.id) }
@@ -82,12 +83,13 @@ func (r *lookupRow) messageID() string                   { return r.id }
 func (r *lookupRow) size() int                           { return 1 }
 func (r *lookupRow) action() string                      { return "look up" }
 
-// forgetClaim is the kind of claim that Forget runs: the layout's forget
-// statements, which wait for a transaction holding the ID as a claim does.
+// forgetClaim is the kind of claim that Forget runs. Its statements are the
+// layout's forget statements, which wait for a transaction holding the ID as
+// a claim does.
 type forgetClaim struct {
 	store *Store
 	id    string
-	claim idClaim // the claim that waits: new (claimed) if the ID had no row
+	claim idClaim // the claim that waits, new (claimed) if the ID had no row
 	found bool
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
@@ -283,5 +284,196 @@ func TestMigrateAsTheRuntimeRole(t *testing.T) {
 	}
 	if err := pgdedup.Migrate(ctx, runtime); err != nil {
 		t.Errorf("Migrate as the runtime role on an up-to-date schema: %v", err)
+	}
+}
+
+// legacyColumns are the columns of migration 00002, which 00007 drops.
+var legacyColumns = []string{"request_fingerprint", "response_status", "response_headers", "response_body"}
+
+// columnsLeft counts the columns of 00002 on processed_messages and on each
+// of its partitions.
+func columnsLeft(t *testing.T, db *pgtest.DB) int {
+	t.Helper()
+	return pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_attribute
+WHERE attrelid IN (SELECT 'processed_messages'::regclass UNION ALL SELECT inhrelid FROM pg_inherits WHERE inhparent = 'processed_messages'::regclass)
+  AND attnum > 0 AND NOT attisdropped AND attname = ANY($1::text[])`, legacyColumns)
+}
+
+// migrationCheckLeft says whether 00007's check is on processed_messages.
+func migrationCheckLeft(t *testing.T, db *pgtest.DB) bool {
+	t.Helper()
+	return pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_constraint
+WHERE conrelid = 'processed_messages'::regclass AND conname = 'processed_messages_00002_unused'`) > 0
+}
+
+// Migration 00007 drops the columns of 00002. It refuses, changing nothing,
+// while a row holds an unexpired answer in them, and says until when. Once
+// that answer has expired it drops them, and the rows stay. Its Down adds
+// them back empty, and Up runs again.
+func TestMigration00007WaitsForLegacyAnswersToExpire(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := pgdedup.NewMigrationProvider(sqlDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	// An HTTP key answered before 00006 and still live, another one expired
+	// but not yet deleted, and a message ID.
+	mustExec(t, db.Pool, `INSERT INTO processed_messages (consumer, message_id, expires_at, request_fingerprint, response_status, response_headers, response_body)
+VALUES ('http', 'live', '2999-01-02 03:04:05+00', '\x01', 201, '{}', 'ok'),
+       ('http', 'expired', now() - interval '1 second', '\x02', 201, '{}', 'ok')`)
+	mustExec(t, db.Pool, `INSERT INTO processed_messages (consumer, message_id, expires_at) VALUES ('billing', 'm1', now() + interval '1 hour')`)
+
+	_, err = p.UpTo(ctx, 7)
+	if err == nil || !strings.Contains(err.Error(), "(SQLSTATE PGD06)") ||
+		!strings.Contains(err.Error(), "holds 1 unexpired answers in the columns of migration 00002, the last expiring at 2999-01-02T03:04:05Z") ||
+		!strings.Contains(err.Error(), "Nothing was changed") {
+		t.Fatalf("00007 with a live answer in the columns of 00002: %v", err)
+	}
+	if v, err := p.GetDBVersion(ctx); err != nil || v != 6 {
+		t.Fatalf("version after the refusal: %d, %v; want 6", v, err)
+	}
+	if n := columnsLeft(t, db); n != len(legacyColumns) || migrationCheckLeft(t, db) {
+		t.Fatalf("after the refusal: %d columns of 00002, check left %v; want all four and no check", n, migrationCheckLeft(t, db))
+	}
+
+	mustExec(t, db.Pool, `UPDATE processed_messages SET expires_at = now() - interval '1 second' WHERE message_id = 'live'`)
+	if _, err := p.UpTo(ctx, 7); err != nil {
+		t.Fatalf("00007 once the answer expired: %v", err)
+	}
+	if n := columnsLeft(t, db); n != 0 || migrationCheckLeft(t, db) {
+		t.Fatalf("after 00007: %d columns of 00002 left, check left %v", n, migrationCheckLeft(t, db))
+	}
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != 3 {
+		t.Fatalf("%d rows after 00007, want 3", n)
+	}
+
+	// Down adds the columns back, empty, and Up drops them again.
+	if _, err := p.Down(ctx); err != nil {
+		t.Fatalf("down of 00007: %v", err)
+	}
+	if n := columnsLeft(t, db); n != len(legacyColumns) {
+		t.Fatalf("after the down of 00007: %d columns of 00002, want 4", n)
+	}
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE response_status IS NOT NULL OR response_body IS NOT NULL`); n != 0 {
+		t.Fatalf("%d rows hold a value in the columns added back", n)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if n := columnsLeft(t, db); n != 0 {
+		t.Fatalf("after up again: %d columns of 00002 left", n)
+	}
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"m1": false, "m2": true} {
+		if got, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error { return nil }); err != nil || got != want {
+			t.Errorf("Process(%s) after 00007 = %v, %v; want %v", id, got, err, want)
+		}
+	}
+}
+
+// An answer written into the columns of 00002 while 00007 runs, by a
+// transaction that was open when it started, is seen. The migration's check
+// waits for that transaction, the second look finds the answer, and the
+// migration drops its check again and refuses.
+func TestMigration00007SeesAnswersWrittenWhileItRuns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx := ctxT(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := pgdedup.NewMigrationProvider(sqlDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	// A release before 00006, in the middle of storing an answer.
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, expires_at, request_fingerprint, response_status)
+VALUES ('http', 'late', '2999-01-02 03:04:05+00', '\x01', 201)`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := p.UpTo(ctx, 7); done <- err }()
+	// The migration is past its first look once it tries to add its check.
+	// Adding it waits for this transaction's lock.
+	for pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_locks
+WHERE relation = 'processed_messages'::regclass AND mode = 'AccessExclusiveLock' AND NOT granted`) == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("00007 ended before adding its check: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if err == nil || !strings.Contains(err.Error(), "(SQLSTATE PGD06)") ||
+		!strings.Contains(err.Error(), "holds 1 unexpired answers in the columns of migration 00002, the last expiring at 2999-01-02T03:04:05Z") ||
+		!strings.Contains(err.Error(), "while this migration ran") {
+		t.Fatalf("00007 with an answer written while it ran: %v", err)
+	}
+	if v, err := p.GetDBVersion(ctx); err != nil || v != 6 {
+		t.Fatalf("version after the refusal: %d, %v; want 6", v, err)
+	}
+	if n := columnsLeft(t, db); n != len(legacyColumns) || migrationCheckLeft(t, db) {
+		t.Fatalf("after the refusal: %d columns of 00002, check left %v; want all four and no check", n, migrationCheckLeft(t, db))
+	}
+}
+
+// On the Partitioned layout the columns of 00002 are on every partition.
+// 00007 looks for answers through the partitioned table, refuses while one
+// is live, and then drops the columns from the table and every partition.
+func TestMigration00007OnAPartitionedTable(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{Retention: time.Hour})
+	ctx := ctxT(t)
+	sqlDB := stdlib.OpenDBFromPool(b.pool)
+	defer sqlDB.Close()
+	p, err := pgdedup.NewMigrationProvider(sqlDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 6); err != nil {
+		t.Fatalf("down to 6 on a partitioned table: %v", err)
+	}
+	if n := columnsLeft(t, b.db); n < 2*len(legacyColumns) {
+		t.Fatalf("%d columns of 00002 on the table and its partitions after the down of 00007", n)
+	}
+	mustExec(t, b.pool, `INSERT INTO processed_messages (key, consumer, message_id, expires_at, response_status)
+VALUES (pgdedup_key('http', 'live'), 'http', 'live', now() + interval '1 hour', 201)`)
+	if _, err := p.Up(ctx); err == nil || !strings.Contains(err.Error(), "holds 1 unexpired answers in the columns of migration 00002") {
+		t.Fatalf("00007 on a partitioned table with a live answer: %v", err)
+	}
+	if migrationCheckLeft(t, b.db) {
+		t.Fatal("00007 left its check after refusing")
+	}
+	mustExec(t, b.pool, `UPDATE processed_messages SET expires_at = now() - interval '1 second' WHERE message_id = 'live'`)
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("00007 on a partitioned table: %v", err)
+	}
+	if n := columnsLeft(t, b.db); n != 0 {
+		t.Fatalf("%d columns of 00002 left on the table and its partitions", n)
+	}
+	for i, want := range []bool{true, false} {
+		if got, err := b.store.Process(ctx, "m1", charge("o1")); err != nil || got != want {
+			t.Fatalf("Process #%d after 00007: %v, %v; want %v", i+1, got, err, want)
+		}
 	}
 }

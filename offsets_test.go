@@ -18,11 +18,11 @@ import (
 	"github.com/pgdedup/pgdedup/internal/wireproxy"
 )
 
-var orders = pgdedup.Partition{Topic: "orders", Partition: 3}
+var orders = pgdedup.TopicPartition{Topic: "orders", Partition: 3}
 
 // chargeOffsets is the business write of the offset tests: one charge per
 // record, named after its offset.
-func chargeOffsets(p pgdedup.Partition) func(context.Context, pgx.Tx, []int64) error {
+func chargeOffsets(p pgdedup.TopicPartition) func(context.Context, pgx.Tx, []int64) error {
 	return func(ctx context.Context, tx pgx.Tx, fresh []int64) error {
 		for _, o := range fresh {
 			if err := charge(fmt.Sprintf("%s/%d/%d", p.Topic, p.Partition, o))(ctx, tx); err != nil {
@@ -34,7 +34,7 @@ func chargeOffsets(p pgdedup.Partition) func(context.Context, pgx.Tx, []int64) e
 }
 
 // storedOffset returns the stored last offset of p for billing, or -1.
-func storedOffset(t *testing.T, pool *pgxpool.Pool, p pgdedup.Partition) int64 {
+func storedOffset(t *testing.T, pool *pgxpool.Pool, p pgdedup.TopicPartition) int64 {
 	t.Helper()
 	var last int64 = -1
 	err := pool.QueryRow(context.Background(),
@@ -237,7 +237,7 @@ func TestClaimOffsetsWaitsForTheHolder(t *testing.T) {
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
 	for _, commit := range []bool{true, false} {
-		p := pgdedup.Partition{Topic: "orders", Partition: map[bool]int32{true: 1, false: 2}[commit]}
+		p := pgdedup.TopicPartition{Topic: "orders", Partition: map[bool]int32{true: 1, false: 2}[commit]}
 		holder, err := b.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -296,7 +296,7 @@ func TestOffsetsFenceOlderGeneration(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
 	ctx := ctxT(t)
-	zombie := pgdedup.Partition{Topic: "orders", Partition: 0, Generation: 4}
+	zombie := pgdedup.TopicPartition{Topic: "orders", Partition: 0, Generation: 4}
 	owner := zombie
 	owner.Generation = 5
 	if _, err := b.store.ProcessOffsets(ctx, zombie, []int64{0, 1, 2}, chargeOffsets(zombie)); err != nil {
@@ -339,13 +339,13 @@ func TestResumeOffsets(t *testing.T) {
 	}
 	for _, c := range []struct {
 		s      *pgdedup.Store
-		p      pgdedup.Partition
+		p      pgdedup.TopicPartition
 		offset int64
 	}{
-		{b.store, pgdedup.Partition{Topic: "orders", Partition: 0}, 41},
-		{b.store, pgdedup.Partition{Topic: "orders", Partition: 2}, 0},
-		{b.store, pgdedup.Partition{Topic: "refunds", Partition: 0}, 7},
-		{payments, pgdedup.Partition{Topic: "orders", Partition: 1}, 99},
+		{b.store, pgdedup.TopicPartition{Topic: "orders", Partition: 0}, 41},
+		{b.store, pgdedup.TopicPartition{Topic: "orders", Partition: 2}, 0},
+		{b.store, pgdedup.TopicPartition{Topic: "refunds", Partition: 0}, 7},
+		{payments, pgdedup.TopicPartition{Topic: "orders", Partition: 1}, 99},
 	} {
 		if _, err := c.s.ProcessOffset(ctx, c.p, c.offset, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 			t.Fatal(err)
@@ -369,16 +369,16 @@ func TestOffsetsRejectBadInput(t *testing.T) {
 	ctx := ctxT(t)
 	nop := func(context.Context, pgx.Tx, []int64) error { return nil }
 	for _, c := range []struct {
-		p       pgdedup.Partition
+		p       pgdedup.TopicPartition
 		offsets []int64
 		says    string
 	}{
-		{pgdedup.Partition{}, []int64{1}, "topic empty"},
-		{pgdedup.Partition{Topic: "a\x00b"}, []int64{1}, "NUL"},
-		{pgdedup.Partition{Topic: "\xff"}, []int64{1}, "UTF-8"},
-		{pgdedup.Partition{Topic: strings.Repeat("t", 1025)}, []int64{1}, "longer than 1024"},
-		{pgdedup.Partition{Topic: "t", Partition: -1}, []int64{1}, "partition -1"},
-		{pgdedup.Partition{Topic: "t", Generation: -2}, []int64{1}, "generation -2"},
+		{pgdedup.TopicPartition{}, []int64{1}, "topic empty"},
+		{pgdedup.TopicPartition{Topic: "a\x00b"}, []int64{1}, "NUL"},
+		{pgdedup.TopicPartition{Topic: "\xff"}, []int64{1}, "UTF-8"},
+		{pgdedup.TopicPartition{Topic: strings.Repeat("t", 1025)}, []int64{1}, "longer than 1024"},
+		{pgdedup.TopicPartition{Topic: "t", Partition: -1}, []int64{1}, "partition -1"},
+		{pgdedup.TopicPartition{Topic: "t", Generation: -2}, []int64{1}, "generation -2"},
 		{orders, []int64{-1}, "negative"},
 		{orders, []int64{1, 2, 2}, "offset 2 of 3 (2) is not above"},
 		{orders, []int64{5, 3}, "offset 1 of 2 (3)"},

@@ -6,42 +6,49 @@ import (
 )
 
 // Option is a per-call option of [Store.Process], [Store.ProcessResult],
-// [Store.Claim] and [Store.ClaimSQL]: [WithFingerprint], [WithRetention],
-// [WithSentAt], and for ProcessResult [WithMaxResultBytes]. A call without
-// options sends exactly the statements it sent before options existed.
+// [Store.Claim] and [Store.ClaimSQL]. Each of these calls takes
+// [WithFingerprint], [WithRetention] and [WithSentAt]. Only ProcessResult
+// takes [WithMaxResultBytes], and the others refuse it with
+// [ErrInvalidOption]. A call without options sends the same statements as
+// before options existed.
 type Option func(*callOptions)
 
 // callOptions are a call's options, once applied.
 type callOptions struct {
-	fingerprint  []byte        // nil: none
-	retention    time.Duration // 0: Config.Retention
-	sentAt       time.Time     // zero: no late-message guard
+	fingerprint  []byte        // nil for none
+	retention    time.Duration // 0 for Config.Retention
+	sentAt       time.Time     // zero for no late-message guard
 	maxResult    int           // Config.MaxResultBytes unless maxResultSet
 	maxResultSet bool
 }
+
+// callProcessResult names the one call that stores a result, and so the one
+// that takes [WithMaxResultBytes].
+const callProcessResult = "ProcessResult"
 
 // MaxFingerprintLen is the longest fingerprint [WithFingerprint] accepts, in
 // bytes.
 const MaxFingerprintLen = 1024
 
-// WithFingerprint stores fingerprint with the claim: a digest of the
-// message's payload, such as its SHA-256 (see [ContentKey]). Key it (an
-// HMAC) when payloads are guessable, such as a PIN or an amount: an unkeyed
-// hash of one, read from the table or a backup, gives it away to whoever
-// hashes every candidate. A later delivery of the same ID whose fingerprint
-// differs is not skipped as a duplicate: it returns a
-// *[PayloadMismatchError] (errors.Is(err, [ErrPayloadMismatch])), reported
-// to [Config.OnEvent] as [EventPayloadMismatch]. The same ID with
-// the same payload is a plain duplicate. A duplicate of an ID recorded
-// without a fingerprint, or a delivery without the option, is never a
-// mismatch: there is nothing to compare. A row past expires_at that the
-// cleaner has not deleted yet is compared as any other: the ID is a duplicate
-// until its row is deleted. It needs migration 00006.
+// WithFingerprint stores fingerprint with the claim. A fingerprint is a
+// digest of the message's payload, such as its SHA-256 (see
+// [MessageIDFromContent]). Key it with an HMAC when payloads are guessable,
+// such as a PIN or an amount. Otherwise whoever reads the table or a backup
+// can hash every candidate and find the payload.
 //
-// fingerprint must hold 1 to [MaxFingerprintLen] bytes. An empty one, nil
-// or not, returns [ErrInvalidOption] before anything is sent, since it
-// would turn the comparison off unseen. To claim without a fingerprint,
-// leave the option out.
+// A later delivery of the same ID whose fingerprint differs is not skipped as
+// a duplicate. It returns a *[PayloadMismatchError], which matches
+// [ErrPayloadMismatch], and is reported to [Config.OnEvent] as
+// [EventPayloadMismatch]. The same ID with the same payload is a plain
+// duplicate. A delivery without the option, or a duplicate of an ID recorded
+// without one, is never a mismatch, because there is nothing to compare. A
+// row past expires_at that the cleaner has not deleted yet is compared as any
+// other. It needs migration 00006.
+//
+// fingerprint must hold 1 to [MaxFingerprintLen] bytes. An empty one, nil or
+// not, returns [ErrInvalidOption] before anything is sent, since it would
+// turn the comparison off unseen. To claim without a fingerprint, leave the
+// option out.
 func WithFingerprint(fingerprint []byte) Option {
 	if fingerprint == nil {
 		fingerprint = []byte{} // refused as empty, not taken for no option
@@ -50,40 +57,41 @@ func WithFingerprint(fingerprint []byte) Option {
 }
 
 // WithRetention makes the ID of this call expire after d instead of
-// [Config.Retention]: for a message its broker keeps, and may redeliver,
-// longer than most. d must be at least [MinRetention] and exceed
+// [Config.Retention]. Use it for a message that its broker keeps, and may
+// redeliver, longer than most. d must be at least [MinRetention] and exceed
 // [Config.LateMargin].
 func WithRetention(d time.Duration) Option {
 	return func(o *callOptions) { o.retention = d }
 }
 
-// WithSentAt gives the time the message was first sent (its broker's
-// timestamp: SQS SentTimestamp, a Kafka record's Timestamp, a RabbitMQ
-// message's timestamp property, a NATS JetStream message's metadata
-// Timestamp) and turns on the late-message guard: a delivery older than the
+// WithSentAt gives the time the message was first sent and turns on the
+// late-message guard. The time is the broker's timestamp, such as SQS
+// SentTimestamp or a Kafka record's Timestamp. A delivery older than the
 // Retention in force minus [Config.LateMargin] returns [ErrTooLate] before
-// anything is sent, because by then the table may already have forgotten an
-// earlier delivery of the same ID, and processing it could run it twice.
+// anything is sent. By then the table may have forgotten an earlier delivery
+// of the same ID, so processing it could run it twice.
+//
 // The age is measured on the consumer's clock (time.Now), so LateMargin must
 // also cover the skew between it and the sender's clock. To process a late
-// message anyway, call again without WithSentAt (and perhaps
-// [WithRetention]); or dead-letter it.
+// message anyway, call again without WithSentAt, perhaps with
+// [WithRetention]. Or dead-letter it.
 func WithSentAt(t time.Time) Option {
 	return func(o *callOptions) { o.sentAt = t }
 }
 
 // WithMaxResultBytes makes n the longest result this [Store.ProcessResult]
-// stores, instead of [Config.MaxResultBytes]: for a caller whose results are
-// bounded by a limit of its own, such as the HTTP middleware's
+// stores, instead of [Config.MaxResultBytes]. It suits a caller whose results
+// are bounded by a limit of its own, such as the HTTP middleware's
 // MaxStoredBody. A longer result fails the call with [ErrResultTooLarge],
-// naming n. n must be positive; other calls ignore the option.
+// naming n. n must be positive. The other calls store no result, so they
+// refuse the option with [ErrInvalidOption].
 func WithMaxResultBytes(n int) Option {
 	return func(o *callOptions) { o.maxResult, o.maxResultSet = n, true }
 }
 
-// callOptions applies opts and checks them against cfg, and the
+// callOptions applies opts to call and checks them against cfg, and the
 // late-message guard, before anything is sent.
-func (cfg Config) callOptions(opts []Option) (callOptions, error) {
+func (cfg Config) callOptions(call string, opts []Option) (callOptions, error) {
 	var o callOptions
 	for _, opt := range opts {
 		if opt != nil {
@@ -95,6 +103,8 @@ func (cfg Config) callOptions(opts []Option) (callOptions, error) {
 		return o, fmt.Errorf("%w: WithFingerprint: empty fingerprint", ErrInvalidOption)
 	case len(o.fingerprint) > MaxFingerprintLen:
 		return o, fmt.Errorf("%w: WithFingerprint: %d bytes, longer than %d", ErrInvalidOption, len(o.fingerprint), MaxFingerprintLen)
+	case o.maxResultSet && call != callProcessResult:
+		return o, fmt.Errorf("%w: WithMaxResultBytes: %s stores no result, only ProcessResult does", ErrInvalidOption, call)
 	case o.maxResultSet && o.maxResult <= 0:
 		return o, fmt.Errorf("%w: WithMaxResultBytes(%d): must be positive", ErrInvalidOption, o.maxResult)
 	case o.retention != 0 && o.retention < MinRetention:

@@ -608,7 +608,7 @@ func TestPartitionedLongTableNames(t *testing.T) {
 	var stores []*pgdedup.Store
 	for _, name := range names {
 		// 6-second partitions: Setup on Citus takes seconds.
-		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: name, Layout: pgdedup.Partitioned,
+		store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Table: name, Layout: pgdedup.LayoutPartitioned,
 			Retention: time.Minute, Partitions: 10})
 		if err != nil {
 			t.Fatal(err)

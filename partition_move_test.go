@@ -112,7 +112,7 @@ func TestMoveUnderLoad(t *testing.T) {
 	ctx := ctxT(t)
 	old := moveStore(t, b, pgdedup.Config{Retention: retention}, 0, -1)
 	plain := moveStore(t, b, pgdedup.Config{Retention: retention}, 0, 20*time.Millisecond)
-	part := moveStore(t, b, pgdedup.Config{Retention: retention, Layout: pgdedup.Partitioned, Partitions: 4}, 4*time.Second, 20*time.Millisecond)
+	part := moveStore(t, b, pgdedup.Config{Retention: retention, Layout: pgdedup.LayoutPartitioned, Partitions: 4}, 4*time.Second, 20*time.Millisecond)
 	if refusedOnCitus(t, b, part) {
 		return
 	}
@@ -339,7 +339,7 @@ WHERE datname = current_database() AND state = 'active' AND wait_event_type = 'L
 func TestMoveRowsOutsideTheLegacyRange(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
 	if refusedOnCitus(t, b, part) {
 		return
 	}
@@ -388,7 +388,7 @@ func assertStillPlain(t *testing.T, b *bundle) {
 func TestMoveGivesUpWhileLocked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, 2*time.Second, 0)
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: 20 * time.Second, Partitions: 10}, 2*time.Second, 0)
 	if refusedOnCitus(t, b, part) {
 		return
 	}
@@ -424,7 +424,7 @@ func TestMoveGivesUpWhileLocked(t *testing.T) {
 func TestMoveTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12}, 0, 0)
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: time.Hour, Partitions: 12}, 0, 0)
 	if refusedOnCitus(t, b, part) {
 		return
 	}
@@ -493,7 +493,7 @@ func TestMoveAsGooseMigration(t *testing.T) {
 func TestMoveKeepsGrants(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour}, 0, 0)
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: time.Hour}, 0, 0)
 	if refusedOnCitus(t, b, part) {
 		return
 	}
@@ -503,7 +503,7 @@ func TestMoveKeepsGrants(t *testing.T) {
 	if err := part.Setup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour})
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.LayoutPartitioned, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,7 +522,7 @@ func TestMoveKeepsGrants(t *testing.T) {
 func TestPlainCleanupOnMovedTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: 20 * time.Second, Partitions: 10}, time.Second, 0)
 	if refusedOnCitus(t, b, part) {
 		return
 	}
@@ -556,7 +556,7 @@ SELECT 'billing', 'live-' || g, $1::timestamptz, now() + interval '1 hour' FROM 
 func TestPartitionedStoreBeforeSetup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pgdedup.Config{})
-	cfg := pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12}
+	cfg := pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: time.Hour, Partitions: 12}
 	part := moveStore(t, b, cfg, 0, 0)
 	other := moveStore(t, b, cfg, 0, 0)
 	ctx := ctxT(t)

@@ -24,7 +24,7 @@ func TestSetupKeepsRowSecurityAndColumnGrants(t *testing.T) {
 		t.Run(map[bool]string{false: "empty", true: "move"}[move], func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, pgdedup.Config{})
-			part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour}, 0, 0)
+			part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: time.Hour}, 0, 0)
 			if move && refusedOnCitus(t, b, part) {
 				return
 			}
@@ -32,7 +32,7 @@ func TestSetupKeepsRowSecurityAndColumnGrants(t *testing.T) {
 			mustExec(t, b.pool, `ALTER TABLE processed_messages ENABLE ROW LEVEL SECURITY`)
 			mustExec(t, b.pool, `CREATE POLICY billing_only ON processed_messages FOR SELECT TO `+role+` USING (consumer = 'billing')`)
 			ctx := ctxT(t)
-			other, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "other", Layout: pgdedup.Partitioned, Retention: time.Hour})
+			other, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "other", Layout: pgdedup.LayoutPartitioned, Retention: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,7 +94,7 @@ func TestSetupRefusesTriggers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: time.Hour}, 0, 0)
+	part := moveStore(t, b, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: time.Hour}, 0, 0)
 	err = part.Setup(ctxT(t))
 	if err == nil || !strings.Contains(err.Error(), "audit_claims") {
 		t.Fatalf("Setup of a table with a trigger of its own: %v, want an error naming it", err)

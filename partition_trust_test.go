@@ -65,7 +65,7 @@ func refusedNaming(t *testing.T, what string, err error, object, owner string) {
 // the attacker whatever the session running Setup may grant.
 func TestSetupRefusesPlantedPartitionsTable(t *testing.T) {
 	t.Parallel()
-	b := setup(t, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10})
+	b := setup(t, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: 20 * time.Second, Partitions: 10})
 	ctx := ctxT(t)
 	role, attacker := plantingRole(t, b)
 	for _, sql := range []string{
@@ -93,7 +93,7 @@ END $$`,
 // creates. Without the unique index, every delivery would be processed.
 func TestSetupRefusesPlantedIndexName(t *testing.T) {
 	t.Parallel()
-	b := setup(t, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10})
+	b := setup(t, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: 20 * time.Second, Partitions: 10})
 	ctx := ctxT(t)
 	role, attacker := plantingRole(t, b)
 	var now time.Time
@@ -386,7 +386,7 @@ func TestNoDDLAdoptsAnObject(t *testing.T) {
 			t.Fatalf("%s: Stats: %v", what, err)
 		}
 	}
-	cfg := pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: 4 * time.Second, Partitions: 2}
+	cfg := pgdedup.Config{Consumer: "billing", Layout: pgdedup.LayoutPartitioned, Retention: 4 * time.Second, Partitions: 2}
 	check("an empty table", setup(t, pgdedup.Config{}), cfg)
 	if pgtest.CitusColumn() == "" { // the move runs on plain PostgreSQL only
 		b := setup(t, pgdedup.Config{})
@@ -459,7 +459,7 @@ func TestSealStarvedByUsageOnlyRole(t *testing.T) {
 // on plain PostgreSQL claims never call it. Either way it never runs.
 func TestSetupRefusesPlantedClaimFunction(t *testing.T) {
 	t.Parallel()
-	b := setup(t, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10})
+	b := setup(t, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: 20 * time.Second, Partitions: 10})
 	ctx := ctxT(t)
 	role, attacker := plantingRole(t, b)
 	mustExec(t, b.pool, `CREATE TABLE planted_calls (as_user text)`)

@@ -19,7 +19,7 @@ import (
 // suite's processed_messages is distributed, and so is the partitioned one.
 func setupPartitioned(t *testing.T, cfg pgdedup.Config) *bundle {
 	t.Helper()
-	cfg.Layout = pgdedup.Partitioned
+	cfg.Layout = pgdedup.LayoutPartitioned
 	if cfg.Retention == 0 {
 		cfg.Retention, cfg.Partitions = 20*time.Second, 10
 	}
@@ -145,9 +145,12 @@ func TestPartitionedImport(t *testing.T) {
 	b := setupPartitioned(t, pgdedup.Config{})
 	keepPartitions(t, b)
 	ctx := ctxT(t)
-	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at) VALUES
-('billing', 'imported-1', now() - interval '10 seconds', now() + interval '1 minute'),
-('billing', 'imported-2', now() - interval '5 seconds', now() + interval '1 minute')`)
+	// Times before sealed, which Setup set to the start of the partition
+	// current when it began (on a loaded Citus cluster Setup can take
+	// seconds), and within the partition it made for the past.
+	mustExec(t, b.pool, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at)
+SELECT 'billing', 'imported-' || i, p.sealed - i * interval '4 seconds', now() + interval '1 minute'
+FROM pgdedup_partitions p, generate_series(1, 2) i`)
 	for _, id := range []string{"imported-1", "imported-2"} {
 		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || processed {
 			t.Fatalf("%s after the import: processed=%v err=%v, want a duplicate", id, processed, err)

@@ -19,7 +19,7 @@ import (
 
 // retry runs attempt until it succeeds, fails permanently, MaxAttempts is
 // reached or ctx is done, sleeping a jittered, growing backoff in between.
-// Only failures of the database are retried (see IsTransient): attempt marks
+// Only failures of the database are retried (see IsTransient). attempt marks
 // the errors of its own statements with fromDatabase, and fn's errors with
 // fromFn's verdict on pgdedup's own transaction.
 func (s *Store) retry(ctx context.Context, id string, attempt func() error) error {
@@ -41,8 +41,9 @@ func (s *Store) retry(ctx context.Context, id string, attempt func() error) erro
 	}
 }
 
-// backoff returns the pause after failed attempt n (from 1): 10ms doubling up
-// to 1s, with full jitter in its upper half so that colliding consumers spread.
+// backoff returns the pause after failed attempt n, counted from 1. It starts
+// at 10ms and doubles up to 1s, with full jitter in its upper half so that
+// colliding consumers spread.
 func backoff(n int) time.Duration {
 	d := min(10*time.Millisecond<<min(n-1, 7), time.Second)
 	return d/2 + rand.N(d/2)
@@ -51,39 +52,40 @@ func backoff(n int) time.Duration {
 // IsTransient reports whether err is a failure of the database that trying
 // again can cure.
 //
-// For an error returned by [Store.Process], [Store.ProcessBatch],
+// Take first an error returned by [Store.Process], [Store.ProcessBatch],
 // [Store.ProcessOffsets], [Store.ProcessOffset] or [Store.ProcessResult]
-// after fn failed, it answers true only when pgdedup's own transaction failed
-// under fn: its connection was lost, or the transaction was aborted by a
-// serialization failure or deadlock (or, on Citus, a worker's connection
+// after fn failed. IsTransient answers true only when pgdedup's own
+// transaction failed under fn. Its connection was lost, or a serialization
+// failure or deadlock aborted it (or, on Citus, a worker's connection
 // failure). These calls retried such a failure up to [Config.MaxAttempts]
-// already. Any other error fn returned comes back as fn returned it, after one
+// times already. Any other error comes back as fn returned it, after one
 // attempt, and IsTransient answers false for it, whatever its type or
-// SQLSTATE: a second database connection's error, a payment gateway's error
-// carrying SQLSTATE 40001, an HTTP client's error. pgdedup cannot know
-// whether that other system acted on the request, so whether to requeue is
-// the caller's decision (inspect the error with errors.As).
+// SQLSTATE. Examples are a second database connection's error, a payment
+// gateway's error carrying SQLSTATE 40001, and an HTTP client's error.
+// pgdedup cannot know whether that other system acted on the request. So
+// whether to requeue is the caller's decision, made by inspecting the error
+// with errors.As.
 //
 // For any other error, such as one of the caller's own statements or of
-// [Store.Claim] in the caller's transaction, it answers true for:
+// [Store.Claim] in the caller's transaction, it answers true in three cases.
 //
-//   - an error carrying one of these SQLSTATEs, from pgx's *pgconn.PgError or
-//     from any database/sql driver whose error has a SQLState() string method
-//     (lib/pq, pgx's stdlib): serialization failure 40001, deadlock 40P01,
-//     admin or crash shutdown 57P01 and 57P02, cannot connect now 57P03, and
-//     the connection exceptions of class 08;
-//   - a connection to the database lost under a statement that pgdedup sent
-//     (pgdedup marks those errors itself);
-//   - a connection that could not be opened (*pgconn.ConnectError), an error
-//     pgx reports as safe to retry because nothing was sent, and
+//   - The error carries one of these SQLSTATEs, from pgx's *pgconn.PgError or
+//     from a database/sql driver whose error has a SQLState() string method
+//     (lib/pq, pgx's stdlib). They are serialization failure 40001, deadlock
+//     40P01, admin or crash shutdown 57P01 and 57P02, cannot connect now
+//     57P03, and the connection exceptions of class 08.
+//   - The connection to the database was lost under a statement that pgdedup
+//     sent. pgdedup marks those errors itself.
+//   - A connection could not be opened (*pgconn.ConnectError), pgx reports the
+//     error as safe to retry because nothing was sent, or the error is
 //     database/sql's driver.ErrBadConn.
 //
-// It answers false for everything else, in particular for io.EOF, a reset
-// connection or any other network error that pgdedup did not mark as its own
-// connection's loss: an HTTP client's error or a decoder's io.EOF is not
+// It answers false for everything else. That includes io.EOF, a reset
+// connection and any other network error that pgdedup did not mark as its own
+// connection's loss. An HTTP client's error or a decoder's io.EOF is not
 // transient, because pgdedup cannot know whether the other side acted on the
-// request. Context cancellation is never transient. It never reads an
-// error's message text.
+// request. Context cancellation is never transient. It never reads an error's
+// message text.
 //
 // A consumer can use it to decide between requeueing a message (true) and
 // dead-lettering it.
@@ -130,7 +132,7 @@ type connLostError = shape.ConnLostError
 
 // fromDatabase marks err, returned by a statement pgdedup sent itself (BEGIN,
 // a claim, COMMIT), as a lost connection when it is a network failure rather
-// than an answer of the server: such an error can only have come from the
+// than an answer of the server. Such an error can only have come from the
 // database connection.
 func fromDatabase(err error) error {
 	if err == nil || !isNetworkFailure(err) {
@@ -139,11 +141,11 @@ func fromDatabase(err error) error {
 	return &connLostError{Err: err}
 }
 
-// fnError is an error fn returned, with pgdedup's verdict on it: transient
-// when pgdedup's own transaction failed under fn, so that a new attempt can
-// cure it. IsTransient reads the verdict and nothing else of err: an error
-// from another system keeps its own SQLSTATE and type, but pgdedup does not
-// call it transient. Its message is err's own.
+// fnError is an error fn returned, with pgdedup's verdict on it. It is
+// transient when pgdedup's own transaction failed under fn, so that a new
+// attempt can cure it. IsTransient reads the verdict and nothing else of err.
+// An error from another system keeps its own SQLSTATE and type, but pgdedup
+// does not call it transient. Its message is err's own.
 type fnError struct {
 	err       error
 	transient bool
@@ -152,17 +154,17 @@ type fnError struct {
 func (e *fnError) Error() string { return e.err.Error() }
 func (e *fnError) Unwrap() error { return e.err }
 
-// fromFn returns err, returned by fn, with the verdict of whether tx, pgdedup's
-// own transaction, failed. tx failed when its connection is closed (pgx
-// closes it when the connection fails), or when tx is aborted on the server
-// (transaction status 'E') and err carries the failure the server reported
-// to a pgx statement of tx: a *pgconn.PgError with a SQLSTATE IsTransient
-// retries (40001, 40P01, or a connection exception such as a Citus worker
-// lost under the statement, 08006), or an error l's placement knows a new
-// transaction cures. Anything else, whatever
-// its type or SQLSTATE, did not come from tx: another connection's error, an
-// HTTP call's, a decoder's. It is returned after one attempt and not called
-// transient. Cancellation is left as it is.
+// fromFn returns err, returned by fn, with the verdict of whether tx,
+// pgdedup's own transaction, failed. tx failed when its connection is closed,
+// which pgx does when the connection fails. tx also failed when it is aborted
+// on the server (transaction status 'E') and err carries the failure the
+// server reported to a pgx statement of tx. That is a *pgconn.PgError with a
+// SQLSTATE that IsTransient retries (40001, 40P01, or a connection exception
+// such as 08006 for a Citus worker lost under the statement), or an error that
+// l's placement knows a new transaction cures. Any other error did not come
+// from tx, whatever its type or SQLSTATE. It may be another connection's
+// error, an HTTP call's or a decoder's. It is returned after one attempt and
+// not called transient. Cancellation is left as it is.
 func fromFn(tx pgx.Tx, l *layouts, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
@@ -177,7 +179,7 @@ func fromFn(tx pgx.Tx, l *layouts, err error) error {
 	if c.PgConn().TxStatus() != 'E' {
 		return &fnError{err: err}
 	}
-	err = l.transient(err) // a partitioned table's advice; Citus's XX000
+	err = l.transient(err) // a partitioned table's advice, or Citus's XX000
 	if _, lost := err.(*connLostError); lost {
 		return &fnError{err: err, transient: true}
 	}

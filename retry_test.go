@@ -362,7 +362,7 @@ var processCalls = map[string]func(ctx context.Context, s *pgdedup.Store, fn fun
 		return len(fresh) == 1, err
 	},
 	"ProcessOffsets": func(ctx context.Context, s *pgdedup.Store, fn func(context.Context, pgx.Tx) error) (bool, error) {
-		fresh, err := s.ProcessOffsets(ctx, pgdedup.Partition{Topic: "orders"}, []int64{1}, func(ctx context.Context, tx pgx.Tx, _ []int64) error { return fn(ctx, tx) })
+		fresh, err := s.ProcessOffsets(ctx, pgdedup.TopicPartition{Topic: "orders"}, []int64{1}, func(ctx context.Context, tx pgx.Tx, _ []int64) error { return fn(ctx, tx) })
 		return len(fresh) == 1, err
 	},
 	"ProcessResult": func(ctx context.Context, s *pgdedup.Store, fn func(context.Context, pgx.Tx) error) (bool, error) {

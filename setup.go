@@ -6,8 +6,8 @@ import (
 )
 
 // Setup makes the dedup table the shape [Config.Layout] asks for. With
-// [Plain] it does nothing ([Migrate] makes the plain table). With
-// [Partitioned] it replaces the empty plain table that Migrate made by a
+// [LayoutPlain] it does nothing ([Migrate] makes the plain table). With
+// [LayoutPartitioned] it replaces the empty plain table that Migrate made by a
 // table partitioned by claim time (same name, same columns, same privileges,
 // column grants, row-level security and policies, plus SELECT on
 // pgdedup_partitions for every role that may insert; a trigger of the
@@ -53,7 +53,7 @@ import (
 // partitions: it creates them ahead of need, seals them and drops those whose
 // IDs have all expired. Run it at least every partition span.
 func (s *Store) Setup(ctx context.Context) error {
-	if s.cfg.Layout != Partitioned {
+	if s.cfg.Layout != LayoutPartitioned {
 		return nil
 	}
 	l, err := s.setupShape(ctx)

@@ -10,7 +10,7 @@ import (
 )
 
 // SetupMigration returns [Store.Setup] for cfg's table with the
-// [Partitioned] layout (cfg.Layout is ignored; give the consumers' Retention
+// [LayoutPartitioned] layout (cfg.Layout is ignored; give the consumers' Retention
 // and Partitions, and Table if not the default) as the body of a goose Go
 // migration that runs outside a transaction, for services whose goose owns
 // their schema changes:
@@ -23,7 +23,7 @@ import (
 // must use pgx's stdlib driver (github.com/jackc/pgx/v5/stdlib); the
 // migration runs on one of its connections, as the table's owner.
 func SetupMigration(cfg Config) func(ctx context.Context, db *sql.DB) error {
-	cfg.Layout = Partitioned
+	cfg.Layout = LayoutPartitioned
 	cfg.Consumer = cmp.Or(cfg.Consumer, "pgdedup-setup")
 	return func(ctx context.Context, db *sql.DB) error {
 		conn, err := db.Conn(ctx)

@@ -8,11 +8,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Stats is what the dedup table holds, as read by [Store.Stats]: rows per
-// consumer, how many have expired (the next [Store.Cleanup] deletes them), and the
-// table's size on disk. Its JSON form is the output of `pgdedup stats --json`.
+// Stats is what the dedup table holds, as read by [Store.Stats]. It counts
+// rows per consumer and the expired rows that the next [Store.Cleanup]
+// deletes, and gives the table's size on disk. Its JSON form is the output of
+// `pgdedup stats --json`.
 type Stats struct {
-	// Now is the database's clock when the rows were counted; expiry is
+	// Now is the database's clock when the rows were counted. Expiry is
 	// measured against it.
 	Now         time.Time `json:"now"`
 	Rows        int64     `json:"rows"`         // rows of every consumer
@@ -35,10 +36,11 @@ type Stats struct {
 	Indexes []IndexStats `json:"indexes"`
 
 	// PartitionSpan, SealedBefore and Partitions describe a table of the
-	// [Partitioned] layout (zero otherwise): the claim time each partition
-	// covers, the time before which partitions are sealed (claims look them
-	// up rather than insert into them), and the partitions by time. Sizes
-	// and DeadTuples above are then the partitions' total; Indexes is empty.
+	// [LayoutPartitioned] layout, and are zero otherwise. They are the claim
+	// time each partition covers, the time before which partitions are sealed
+	// (claims look them up rather than insert into them), and the partitions
+	// by time. Sizes and DeadTuples above are then the partitions' total, and
+	// Indexes is empty.
 	PartitionSpan time.Duration    `json:"partition_span,omitempty"`
 	SealedBefore  *time.Time       `json:"sealed_before,omitempty"`
 	Partitions    []PartitionStats `json:"partitions,omitempty"`
@@ -47,7 +49,7 @@ type Stats struct {
 	// between 3 and 4 spans. In JSON, nanoseconds.
 	PartitionRunway *time.Duration `json:"partition_runway,omitempty"`
 
-	// Consumers has one entry per consumer with rows, ordered by name; it is
+	// Consumers has one entry per consumer with rows, ordered by name. It is
 	// empty, not nil, for an empty table.
 	Consumers []ConsumerStats `json:"consumers"`
 }
@@ -59,13 +61,13 @@ type IndexStats struct {
 	Bytes  int64  `json:"bytes"`  // all its forks (pg_total_relation_size of the index)
 }
 
-// PartitionStats is one partition of a [Partitioned] table in [Stats].
+// PartitionStats is one partition of a [LayoutPartitioned] table in [Stats].
 type PartitionStats struct {
 	Name      string    `json:"name"`
-	From      time.Time `json:"from"` // the claim times it holds: From ≤ processed_at < To
+	From      time.Time `json:"from"` // it holds the claims From ≤ processed_at < To
 	To        time.Time `json:"to"`
 	Sealed    bool      `json:"sealed"`    // claims look it up instead of inserting into it
-	Detaching bool      `json:"detaching"` // an interrupted DETACH CONCURRENTLY: the next Cleanup finishes it
+	Detaching bool      `json:"detaching"` // an interrupted DETACH CONCURRENTLY, which the next Cleanup finishes
 	Rows      int64     `json:"rows"`      // counted, hand-over copies included (docs/partitioning.md)
 	Bytes     int64     `json:"bytes"`     // table and indexes
 }
@@ -83,15 +85,15 @@ type ConsumerStats struct {
 
 // Stats reads the dedup table's rows per consumer, expired rows, size, dead
 // tuples, last vacuums and index sizes. Like [Store.Cleanup] it covers every
-// consumer in the table, not only the [Store]'s. It counts the whole table (one
-// sequential scan): on tens of millions of rows expect seconds, so read it
-// every minute or so, not per message. Times are in UTC. It needs only SELECT
-// on the table.
+// consumer in the table, not only the [Store]'s. It counts the whole table in
+// one sequential scan, which takes seconds on tens of millions of rows. So
+// read it every minute or so, not per message. Times are in UTC. It needs
+// only SELECT on the table.
 //
-// On a table Citus distributes, the sizes are the shards' total, and
-// DeadTuples, LastVacuum, LastAutovacuum and Indexes are left empty: the
-// coordinator's own table is an empty shell, and the shards are vacuumed on
-// the workers.
+// On a table Citus distributes, the sizes are the shards' total. DeadTuples,
+// LastVacuum, LastAutovacuum and Indexes are left empty there, because the
+// coordinator's own table is an empty shell and the workers vacuum the
+// shards.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	var st Stats
 	var exists bool

@@ -7,60 +7,64 @@ import (
 )
 
 // Claim records messageID for the [Store]'s consumer inside tx, the caller's
-// transaction, and reports whether it is new. If tx commits, the ID is
-// recorded; if tx rolls back, so does the claim. Run the business write in tx
-// only when claimed is true.
+// transaction, and reports whether it is new. The claim commits or rolls back
+// with tx. Run the business write in tx only when claimed is true.
 //
-// A duplicate returns (false, nil) and leaves tx usable: the insert uses
-// ON CONFLICT DO NOTHING, so no unique violation aborts it. If another
-// transaction holds the same ID, Claim waits for it to end (or, with
-// [Config.LockTimeout], returns [ErrInFlight], after which tx is aborted and must be
-// rolled back). Claim costs one round trip and does not retry: retrying is the
-// business of whoever owns tx. It reports duplicates and in-flight give-ups
-// to [Config.OnEvent]; [EventProcessed] is the Process calls' alone, since
-// only the owner of tx knows whether it commits.
+// A duplicate returns (false, nil) and leaves tx usable. The insert uses
+// ON CONFLICT DO NOTHING, so no unique violation aborts tx. If another
+// transaction holds the same ID, Claim waits for it to end. With
+// [Config.LockTimeout] it returns [ErrInFlight] instead, and tx is then
+// aborted and must be rolled back. Claim costs one round trip and does not
+// retry, because retrying is the business of whoever owns tx.
 //
-// opts are as in [Store.Process]. A [PayloadMismatchError] leaves tx usable.
+// Claim reports duplicates and in-flight give-ups to [Config.OnEvent]. It
+// never reports [EventProcessed], since only the owner of tx knows whether tx
+// commits. opts are as in [Store.Process], except [WithMaxResultBytes], which
+// Claim refuses. A [PayloadMismatchError] leaves tx usable.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...Option) (claimed bool, err error) {
-	return s.claimID(messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+	return s.claimID("Claim", messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
 
-// claimID is Claim and ClaimSQL: it validates messageID and opts, then run
-// claims it in the caller's transaction.
-func (s *Store) claimID(messageID string, opts []Option, run func(claim) error) (claimed bool, err error) {
-	c, err := s.newIDClaim(messageID, opts)
-	if err != nil {
-		return false, err
-	}
-	if err := run(c); err != nil {
-		return false, err
-	}
-	return c.claimed, nil
-}
-
-// ClaimBatch records messageIDs inside tx, the caller's transaction, and returns
-// the ones that are new, in the order they first appear in messageIDs (an ID
-// repeated in the batch counts once). Like [Store.Claim], it leaves tx usable when some
-// IDs are duplicates, and the claims commit or roll back with tx.
+// ClaimBatch records messageIDs inside tx, the caller's transaction, and
+// returns the ones that are new. fresh keeps the order in which they first
+// appear in messageIDs, and an ID repeated in the batch counts once. Like
+// [Store.Claim], it leaves tx usable when some IDs are duplicates, and the
+// claims commit or roll back with tx.
 //
-// Whatever the batch size it is one round trip. The IDs are inserted in the
-// order of their keys (see [Key]), the primary key's order, so overlapping
-// batches cannot deadlock. If any ID is invalid, the whole batch is rejected
-// with [ErrInvalidMessageID], naming its index, and a batch of more than
-// [Config.MaxBatch] IDs with [ErrBatchTooLarge], before anything is sent.
+// It is one round trip whatever the batch size. The IDs are inserted in the
+// order of their keys (see [Key]), which is the primary key's order, so
+// overlapping batches cannot deadlock. An invalid ID rejects the whole batch
+// with [ErrInvalidMessageID], naming its index. A batch of more than
+// [Config.MaxBatch] IDs is rejected with [ErrBatchTooLarge]. Both happen
+// before anything is sent.
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
 	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }
 
-// claimBatch is ClaimBatch and ClaimBatchSQL: it validates messageIDs, then
-// run claims them in the caller's transaction.
-func (s *Store) claimBatch(messageIDs []string, run func(claim) error) (fresh []string, err error) {
-	c, err := s.newBatchClaim(messageIDs)
-	if err != nil || len(c.sorted.ids) == 0 {
-		return nil, err
-	}
-	if err := run(c); err != nil {
-		return nil, err
-	}
-	return c.freshIDs(), nil
+// ClaimOffset advances p's stored offset to offset inside tx, the caller's
+// transaction. It reports whether offset is new, which means higher than the
+// stored one. The claim commits or rolls back with tx. Run the business write
+// in tx only when claimed is true. A duplicate, an offset at or below the
+// stored one, returns (false, nil) and leaves tx usable.
+//
+// The claim locks p's row until tx ends. Another transaction claiming p waits
+// for it and then skips (tx committed a higher offset) or proceeds (tx rolled
+// back). With [Config.LockTimeout] it gives up with [ErrInFlight] instead. A
+// claim with an older p.Generation than the stored one returns [ErrFenced].
+// ClaimOffset costs one round trip and does not retry. Claim the partitions
+// of one transaction in a consistent order, or two transactions can deadlock.
+func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p TopicPartition, offset int64) (claimed bool, err error) {
+	fresh, err := s.ClaimOffsets(ctx, tx, p, []int64{offset})
+	return len(fresh) == 1, err
+}
+
+// ClaimOffsets is [Store.ClaimOffset] for a fetched batch of one partition.
+// In one statement it advances p's stored offset to the highest of offsets
+// and returns those above the previously stored one, in order. offsets must
+// be strictly increasing, as a fetch returns them. Gaps are allowed, since
+// Kafka leaves them after compaction and around transaction markers. An
+// offset that is negative or out of order rejects the whole batch with
+// [ErrInvalidOffset] before anything is sent.
+func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
+	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInTx(ctx, tx, c) })
 }

@@ -99,7 +99,7 @@ func (b *bench) runCitus(ctx context.Context, prog *progress) (*citusResult, err
 	// docs/partitioning.md: Setup creates those the run needs), distributed
 	// and co-located as the plain one was.
 	part.store, err = pgdedup.New(part.pool, pgdedup.Config{Consumer: consumer, Retention: retention,
-		Layout: pgdedup.Partitioned, Partitions: 12})
+		Layout: pgdedup.LayoutPartitioned, Partitions: 12})
 	if err == nil {
 		err = part.store.Setup(ctx)
 	}

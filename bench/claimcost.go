@@ -232,7 +232,7 @@ func setUpClaimTable(ctx context.Context, url, schema string, v claimVariant, c 
 	t.pc = pc
 	t.scfg = pgdedup.Config{Consumer: consumer, Retention: claimRetention, Table: t.schema + ".processed_messages"}
 	if v.partitions > 0 {
-		t.scfg.Layout, t.scfg.Partitions = pgdedup.Partitioned, v.partitions
+		t.scfg.Layout, t.scfg.Partitions = pgdedup.LayoutPartitioned, v.partitions
 	}
 	if err := t.open(ctx); err != nil {
 		return t, err

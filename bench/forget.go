@@ -129,7 +129,7 @@ func forgetRun(ctx context.Context, url string, n int, partitioned bool) (r forg
 	}
 	scfg := pgdedup.Config{Consumer: consumer, Table: schema + ".processed_messages", Retention: forgetRetention}
 	if partitioned {
-		scfg.Layout, scfg.Partitions = pgdedup.Partitioned, forgetPartitions
+		scfg.Layout, scfg.Partitions = pgdedup.LayoutPartitioned, forgetPartitions
 	}
 	store, err := pgdedup.New(pool, scfg)
 	if err != nil {

@@ -15,9 +15,9 @@ import (
 // pgLayout is -layout as a Config.Layout.
 func (c steadyConfig) pgLayout() pgdedup.Layout {
 	if c.layout == "partitioned" {
-		return pgdedup.Partitioned
+		return pgdedup.LayoutPartitioned
 	}
-	return pgdedup.Plain
+	return pgdedup.LayoutPlain
 }
 
 // steadySchema migrates the fresh database, makes processed_messages the
@@ -35,7 +35,7 @@ func steadySchema(ctx context.Context, cfg steadyConfig, pool *pgxpool.Pool) err
 	sqls := []string{`CREATE TABLE soak_ledger (message_id text NOT NULL, amount bigint NOT NULL)`}
 	if cfg.layout == "partitioned" {
 		store, err := pgdedup.New(pool, pgdedup.Config{Consumer: consumer, Retention: cfg.retention(),
-			Layout: pgdedup.Partitioned, Partitions: cfg.partitions})
+			Layout: pgdedup.LayoutPartitioned, Partitions: cfg.partitions})
 		if err != nil {
 			return err
 		}

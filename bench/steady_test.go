@@ -135,7 +135,7 @@ func TestSteadyPreloadPartitioned(t *testing.T) {
 	}
 	const rows = 1200
 	retention := time.Hour
-	cfg := pgdedup.Config{Consumer: consumer, Retention: retention, Layout: pgdedup.Partitioned, Partitions: 6}
+	cfg := pgdedup.Config{Consumer: consumer, Retention: retention, Layout: pgdedup.LayoutPartitioned, Partitions: 6}
 	store, err := pgdedup.New(b.admin, cfg)
 	if err != nil {
 		t.Fatal(err)

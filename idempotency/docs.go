@@ -12,11 +12,11 @@ import (
 )
 
 // Docs returns a handler serving the page Config.DocsURL names, written from
-// the middleware's Config: the key's syntax and length, how long a key is kept
-// (Store.Retention), what makes two requests the same, and a section for each
-// error answer, whose fragment is that answer's problem type. The draft
-// (§2.5, §2.3) asks a server to publish exactly this. Mount it where DocsURL
-// points:
+// the middleware's Config. The page gives the key's syntax and length, how
+// long a key is kept (Store.Retention), what makes two requests the same, and
+// a section for each error answer, whose fragment is that answer's problem
+// type. The draft (§2.5, §2.3) asks a server to publish exactly this. Mount it
+// where DocsURL points.
 //
 //	mux.Handle("GET "+idempotency.DefaultDocsURL, mw.Docs())
 func (m *Middleware) Docs() http.Handler {
@@ -153,10 +153,6 @@ processed.</p>
 <h2 id="key-reused">422: {{.Header}} is already used</h2>
 <p>This key was used for a different request. Nothing was processed. Use a new key
 for a new request; to get the first request's answer, send that request again.</p>
-
-<h2 id="key-expired">422: {{.Header}} has expired</h2>
-<p>This key was first used more than {{.Retention}} ago: its answer is no longer kept
-or sent. Nothing was processed. Use a new key.</p>
 
 <h2 id="busy">503: the server is busy</h2>
 <p>The server had no capacity for the request and did not process it. Retry later,

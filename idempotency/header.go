@@ -10,19 +10,20 @@ import (
 // parseKeyHeader returns the key an Idempotency-Key field value carries.
 //
 // The draft (draft-ietf-httpapi-idempotency-key-header §2.1) makes the field
-// an RFC 8941 Item whose value is a String: "8e03978e-…" with its quotes. Such
-// a value is parsed as RFC 8941 §4.2 says: the String's escapes are undone
-// (§4.2.5), Parameters after it are parsed (§4.2.3.2) and ignored, since the
-// draft defines none, and anything else fails. The key is the String's value,
+// an RFC 8941 Item whose value is a String, such as "8e03978e-…" with its
+// quotes. Such a value is parsed as RFC 8941 §4.2 says. The String's escapes
+// are undone (§4.2.5). Parameters after it are parsed (§4.2.3.2) and ignored,
+// since the draft defines none. Anything else fails. The key is the String's value,
 // without the quotes. A value that does not start with a quote is the bare form
 // Stripe-style clients send (8e03978e-…) and is the key as it is, so "abc"
 // quoted and abc bare are the same key.
 //
-// Either way the key must then be 1 to maxLen visible ASCII characters: no
-// spaces, which a String may hold (§2.2 leaves the key's format to the server).
+// Either way the key must then be 1 to maxLen visible ASCII characters. It
+// has no spaces, though a String may hold them (§2.2 leaves the key's format
+// to the server).
 func parseKeyHeader(value string, maxLen int) (string, error) {
 	// net/http has already removed the field's leading and trailing
-	// whitespace; RFC 8941 §4.2 discards leading and trailing SP.
+	// whitespace. RFC 8941 §4.2 discards leading and trailing SP.
 	value = strings.Trim(value, " ")
 	key := value
 	if strings.HasPrefix(value, `"`) {

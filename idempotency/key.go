@@ -9,7 +9,8 @@ import (
 )
 
 // validateKey accepts 1 to maxLen bytes of visible ASCII. Spaces are excluded,
-// which keeps a scoped ID (scope hash, space, key) unambiguous; a quoted String may hold one, and gets 400.
+// which keeps a scoped ID (scope hash, space, key) unambiguous. A quoted
+// String may hold a space, and gets 400.
 func validateKey(key string, maxLen int) error {
 	if len(key) > maxLen {
 		return fmt.Errorf("%d bytes, longer than %d", len(key), maxLen)
@@ -29,7 +30,7 @@ func validateKey(key string, maxLen int) error {
 }
 
 // readBody reads the whole request body, at most limit bytes. On failure it
-// returns the status to answer with and a detail for the client; status 0 is
+// returns the status to answer with and a detail for the client. Status 0 is
 // success.
 func readBody(r *http.Request, limit int64) (body []byte, status int, detail string) {
 	if r.Body == nil {

@@ -33,26 +33,26 @@ func (m *Middleware) release() { <-m.slots }
 
 // flights are the keyed requests in progress in this process, by scoped ID.
 // A request whose key is in flight waits here, in memory, instead of in the
-// database: only the first request of a key holds a connection, and when it
-// ends with a kept answer the waiters replay it without a round trip.
+// database. Only the first request of a key holds a connection. When it ends
+// with a kept answer, the waiters replay it without a round trip.
 type flights struct {
 	mu    sync.Mutex
 	calls map[string]*flight
 }
 
-// flight is one request in progress. done is closed when it ends; kept is
-// then its answer as stored (with its fingerprint), or nil if nothing was
-// kept, in which case a waiter tries the key itself.
+// flight is one request in progress. done is closed when it ends. kept is
+// then its answer as stored, with its fingerprint. It is nil if nothing was
+// kept, and then a waiter tries the key itself.
 type flight struct {
 	done    chan struct{}
 	waiters int
 	kept    *response
 }
 
-// join returns the flight of id and whether the caller leads it: a new
-// flight, which the caller must end with finish. A caller that does not lead
-// may wait when it can be counted among at most maxWaiters; wait is false
-// otherwise.
+// join returns the flight of id and whether the caller leads it. A leader
+// gets a new flight, which it must end with finish. A caller that does not
+// lead may wait when it can be counted among at most maxWaiters. wait is
+// false otherwise.
 func (f *flights) join(id string, maxWaiters int) (fl *flight, lead, wait bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

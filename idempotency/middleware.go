@@ -1,14 +1,14 @@
-// Package idempotency is net/http middleware for the Idempotency-Key header:
-// a request with a key runs its handler once, and a retry with the same key gets
+// Package idempotency is net/http middleware for the Idempotency-Key header.
+// A request with a key runs its handler once, and a retry with the same key gets
 // the first response replayed instead of being processed again, as Stripe does.
 //
 // The key is claimed with pgdedup in a transaction that the handler receives
 // through its request context (see [Tx]). The handler writes its business rows in
-// that transaction; the middleware buffers the response, stores its status,
-// chosen headers and body in the key's row of processed_messages in the same
-// transaction, commits, and only then sends it. So the business effects and the
-// stored response commit together or not at all, and a client that lost the
-// response can retry safely.
+// that transaction. The middleware buffers the response and stores its status,
+// chosen headers and body in the key's row of processed_messages, in the same
+// transaction. It commits, and only then sends the response. So the business
+// effects and the stored response commit together or not at all, and a client
+// that lost the response can retry safely.
 //
 //	mw, err := idempotency.New(pool, idempotency.Config{
 //		Store:  pgdedup.Config{Consumer: "payments"},
@@ -21,19 +21,20 @@
 //		// ... tx.Exec(r.Context(), "INSERT INTO charges ...") ...
 //	})))
 //
-// Keys are kept apart per client: [Config.Scope] returns the verified
+// Keys are kept apart per client. [Config.Scope] returns the verified
 // identity of the request's sender, so authentication must run before this
 // middleware. The header is read as draft-ietf-httpapi-idempotency-key-header
-// defines it, an RFC 8941 String (Idempotency-Key: "8e03978e-…"); the bare
-// form (Idempotency-Key: 8e03978e-…) is the same key. Malformed keys get 400,
-// and every error about the key's use links to the page [Middleware.Docs]
-// serves ([Config.DocsURL]).
+// defines it, an RFC 8941 String such as "8e03978e-…" with its quotes. The
+// bare form, without quotes, is the same key. Malformed keys get 400, and
+// every error about the key's use links to the page [Middleware.Docs] serves
+// ([Config.DocsURL]).
 //
 // The middleware is one user of pgdedup's stored results
-// (pgdedup.Store.ProcessResult): a response is the key's result and the
-// request's fingerprint its pgdedup.WithFingerprint, in processed_messages
-// (migration 00006: run pgdedup.Migrate). Keys expire after the Store's
-// Retention and are deleted by the same pgdedup Cleanup as message IDs.
+// (pgdedup.Store.ProcessResult). A response is the key's result, and the
+// request's fingerprint is its pgdedup.WithFingerprint. Both live in
+// processed_messages from migration 00006 on, so run pgdedup.Migrate. Keys
+// expire after the Store's Retention and are deleted by the same pgdedup
+// Cleanup as message IDs.
 package idempotency
 
 import (
@@ -47,8 +48,8 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// DB is what the middleware needs from Postgres: what a pgdedup.Store needs,
-// and BeginTx for requests without a key (see [Config.Optional]).
+// DB is what the middleware needs from Postgres. It is what a pgdedup.Store
+// needs, and BeginTx for requests without a key (see [Config.Optional]).
 // *pgxpool.Pool satisfies it.
 type DB interface {
 	pgdedup.DB
@@ -59,9 +60,9 @@ type DB interface {
 // logs can tell a replay from a fresh answer.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// BodyOmittedHeader is set to "true" on a replay whose body was not stored:
-// larger than [Config.MaxStoredBody], or left out by [Config.StoredBody]. The
-// status and headers are replayed, the body is empty.
+// BodyOmittedHeader is set to "true" on a replay whose body was not stored.
+// The body was larger than [Config.MaxStoredBody], or [Config.StoredBody]
+// left it out. The status and headers are replayed, and the body is empty.
 const BodyOmittedHeader = "Idempotent-Body-Omitted"
 
 // Middleware makes handlers idempotent per key. It is safe for concurrent use.
@@ -70,8 +71,6 @@ type Middleware struct {
 	store *pgdedup.Store
 	cfg   Config
 	log   *slog.Logger
-	// legacySQL reads answers stored by earlier versions (store.go).
-	legacySQL string
 
 	// customFingerprint is whether Config.Fingerprint was set, for Docs.
 	customFingerprint bool
@@ -91,10 +90,10 @@ func (m *Middleware) Store() *pgdedup.Store { return m.store }
 type txKey struct{}
 
 // Tx returns the transaction the middleware runs the handler in. Write the
-// request's business rows in it: they commit together with the stored response
+// request's business rows in it. They commit together with the stored response
 // when the handler answers below 400 (for 4xx, see [Config.ClientErrors]), and
-// roll back otherwise. Do not commit or roll it back yourself: its Commit and
-// Rollback return [ErrTxManaged] and the request fails. Use tx.Begin for a
+// roll back otherwise. Do not commit or roll it back yourself. Its Commit and
+// Rollback return [ErrTxManaged], and the request fails. Use tx.Begin for a
 // savepoint, for example around a statement that may fail. Outside the
 // middleware, and for the safe methods it passes through, Tx returns nil.
 func Tx(ctx context.Context) pgx.Tx {

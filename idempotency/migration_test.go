@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -49,9 +50,11 @@ FROM generate_series(1, $1) AS i`, rows); err != nil {
 	if after := tableDigest(t, db.Pool); after != before {
 		t.Fatalf("old rows changed by the upgrade:\nbefore %s\nafter  %s", before, after)
 	}
-	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages
-WHERE request_fingerprint IS NULL AND response_status IS NULL AND response_headers IS NULL AND response_body IS NULL`); n != rows {
-		t.Fatalf("%d of %d old rows have NULL response columns", n, rows)
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE fingerprint IS NULL AND result IS NULL`); n != rows {
+		t.Fatalf("%d of %d old rows have no fingerprint and no result", n, rows)
+	}
+	if n := legacyColumns(t, db.Pool); n != 0 {
+		t.Fatalf("%d columns of migration 00002 left after the upgrade (00007 drops them)", n)
 	}
 
 	// Old IDs are still duplicates; new ones are processed.
@@ -81,13 +84,13 @@ WHERE request_fingerprint IS NULL AND response_status IS NULL AND response_heade
 		t.Fatalf("new key again: %d %v %s", r.Code, r.Header(), r.Body)
 	}
 
-	// And back down: the columns go, the rows stay.
+	// And back down. 00007's Down adds the columns of 00002 back, 00002's
+	// drops them again, and the rows stay.
 	if _, err := p.DownTo(ctx, 1); err != nil {
 		t.Fatalf("down to 1: %v", err)
 	}
-	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM information_schema.columns
-WHERE table_schema = current_schema() AND table_name = 'processed_messages' AND column_name LIKE 'response%'`); n != 0 {
-		t.Fatalf("%d response columns left after down", n)
+	if n := legacyColumns(t, db.Pool); n != 0 {
+		t.Fatalf("%d columns of migration 00002 left after down", n)
 	}
 	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`); n != rows+2 {
 		t.Fatalf("%d rows after down, want %d", n, rows+2)
@@ -126,4 +129,108 @@ func serve(t *testing.T, mw *idempotency.Middleware, key string) *httptest.Respo
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	return rec
+}
+
+// legacyColumns counts the columns of migration 00002 on processed_messages.
+func legacyColumns(t *testing.T, db pgtest.Querier) int {
+	t.Helper()
+	return pgtest.Count(t, db, `SELECT count(*) FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = 'processed_messages'
+  AND column_name IN ('request_fingerprint', 'response_status', 'response_headers', 'response_body')`)
+}
+
+// toLegacy rewrites the row of key as versions before migration 00006 wrote
+// it. The fingerprint is in request_fingerprint, and the status, headers
+// (JSON) and body are in the columns of migration 00002. There is no result.
+func toLegacy(t *testing.T, b *bundle, key string) {
+	t.Helper()
+	ctx := context.Background()
+	var result []byte
+	if err := b.pool.QueryRow(ctx, `SELECT result FROM processed_messages WHERE message_id LIKE '% ' || $1`, key).Scan(&result); err != nil {
+		t.Fatal(err)
+	}
+	status, header, body, _, err := idempotency.DecodeStored(result)
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers, err := json.Marshal(header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE processed_messages SET request_fingerprint = fingerprint, response_status = $2,
+response_headers = $3::jsonb, response_body = $4, fingerprint = NULL, result = NULL WHERE message_id LIKE '% ' || $1`,
+		key, status, string(headers), body); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// This release may run before migration 00007, while the columns of 00002
+// are still there. It stores and replays answers as on the latest schema,
+// and never reads those columns, so its role needs no grant on them. A key
+// whose answer is only in them (stored by a release before 00006) is not
+// run again. It gets 422 #key-reused, as a row without an answer does. Once
+// that answer has expired, 00007 runs, and the answers stored before it
+// still replay.
+func TestMiddlewareAcrossMigration00007(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{}, nil)
+	ctx := context.Background()
+	sqlDB := stdlib.OpenDBFromPool(b.pool)
+	defer sqlDB.Close()
+	p, err := pgdedup.NewMigrationProvider(sqlDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	if n := legacyColumns(t, b.pool); n != 4 {
+		t.Fatalf("%d columns of migration 00002 at version 6, want 4", n)
+	}
+	web := grantedPool(t, b.db, httpGrants)
+	w := setupOn(t, b.db, web, idempotency.Config{}, b.api)
+
+	first := post(t, w.url, "k", order)
+	if first.status != 201 {
+		t.Fatalf("first request at version 6: %v", first)
+	}
+	replay := func(t *testing.T, url string) {
+		t.Helper()
+		if r := post(t, url, "k", order); r.status != 201 || r.body != first.body || !r.replayed() ||
+			r.header.Get("Location") != first.header.Get("Location") {
+			t.Fatalf("replay: %v\nfirst: %v", r, first)
+		}
+	}
+	replay(t, w.url)
+	post(t, w.url, "old", order)
+	toLegacy(t, b, "old")
+	if r := post(t, w.url, "old", order); !isProblem(r, 422) || !strings.Contains(r.body, "#key-reused") || r.replayed() {
+		t.Fatalf("a key answered in the columns of 00002: %v", r)
+	}
+	if n := b.api.calls.Load(); n != 2 {
+		t.Fatalf("handler called %d times, want 2", n)
+	}
+
+	// 00007 refuses while that answer is live, and runs once it expired.
+	if _, err := p.Up(ctx); err == nil || !strings.Contains(err.Error(), "1 unexpired answers in the columns of migration 00002") {
+		t.Fatalf("00007 with a live answer in the columns of 00002: %v", err)
+	}
+	pgtest.Exec(t, b.pool, `UPDATE processed_messages SET expires_at = now() - interval '1 second' WHERE response_status IS NOT NULL`)
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("00007: %v", err)
+	}
+	if n := legacyColumns(t, b.pool); n != 0 {
+		t.Fatalf("%d columns of migration 00002 after 00007", n)
+	}
+	replay(t, w.url)
+	replay(t, b.url)
+	if r := post(t, w.url, "old", order); !isProblem(r, 422) || !strings.Contains(r.body, "#key-reused") {
+		t.Fatalf("the key answered in the columns of 00002, after 00007: %v", r)
+	}
+	if r := post(t, w.url, "new", order); r.status != 201 || r.replayed() {
+		t.Fatalf("a new key after 00007: %v", r)
+	}
+	if n := b.api.calls.Load(); n != 3 {
+		t.Fatalf("handler called %d times, want 3", n)
+	}
 }

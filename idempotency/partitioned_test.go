@@ -19,7 +19,7 @@ func TestStoredResponsesOnPartitionedTable(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	setupStore, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "setup", Layout: pgdedup.Partitioned,
+	setupStore, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "setup", Layout: pgdedup.LayoutPartitioned,
 		Retention: 20 * time.Second, Partitions: 10})
 	if err != nil {
 		t.Fatal(err)

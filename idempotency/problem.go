@@ -20,8 +20,8 @@ type problemDetails struct {
 const ProblemContentType = "application/problem+json"
 
 // A problemKind is one of the errors the draft's §2.7 describes (or this
-// middleware adds). Its anchor names its section of the documentation page:
-// the problem's type is Config.DocsURL + "#" + anchor.
+// middleware adds). Its anchor names its section of the documentation page,
+// and the problem's type is Config.DocsURL + "#" + anchor.
 type problemKind struct {
 	anchor string
 	title  string // after the header name
@@ -31,11 +31,10 @@ var (
 	missingKey   = problemKind{"missing-key", " is missing"}
 	invalidKey   = problemKind{"invalid-key", " is invalid"}
 	keyReused    = problemKind{"key-reused", " is already used"}
-	keyExpired   = problemKind{"key-expired", " has expired"}
 	keyInFlight  = problemKind{"key-in-flight", ": a request is outstanding for this key"}
 	bodyTooLarge = problemKind{"body-too-large", ": the request body is too large"}
-	// otherProblem is not about the key's use (an unreadable body, a
-	// database failure): its type is about:blank and it links nowhere.
+	// otherProblem is not about the key's use. It is an unreadable body or a
+	// database failure, say. Its type is about:blank and it links nowhere.
 	otherProblem = problemKind{}
 )
 
@@ -85,10 +84,10 @@ func (m *Middleware) failed(w http.ResponseWriter) {
 }
 
 // fail answers a request that could not be completed because of the
-// database. A transient failure (503) is worth retrying with the same key:
-// nothing was committed, or, after a commit whose outcome was lost, the retry
-// finds the key and gets its answer. Any other failure gets 500 and no such
-// promise: the same request would likely fail the same way.
+// database. A transient failure (503) is worth retrying with the same key.
+// Either nothing was committed, or the commit's outcome was lost and the
+// retry finds the key and gets its answer. Any other failure gets 500 and no
+// such promise, since the same request would likely fail the same way.
 func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		return // the client is gone

@@ -6,7 +6,7 @@ import (
 	"strconv"
 )
 
-// recorder is the http.ResponseWriter the handler writes to: it keeps the
+// recorder is the http.ResponseWriter the handler writes to. It keeps the
 // response in memory until the transaction has committed.
 type recorder struct {
 	header http.Header
@@ -62,13 +62,13 @@ type response struct {
 	header      http.Header
 	body        []byte    // empty, not nil, when omitted
 	omitted     bool      // the body was not stored (see BodyOmittedHeader)
-	expired     bool      // stored responses only: past expires_at, not to be replayed
 	sealed      bool      // body is what Config.StoredBody sealed, to open before a replay
 	stored      *response // what save stored of this response, once it has
 }
 
-// forStorage returns the part of resp that is stored: the headers in keep and
-// the body, unless it is longer than maxBody (then body is nil, stored as NULL).
+// forStorage returns the part of resp that is stored. That is the headers in
+// keep, and the body unless it is longer than maxBody. A longer body is nil
+// and is not stored.
 func (resp *response) forStorage(keep []string, maxBody int) *response {
 	out := &response{status: resp.status, header: http.Header{}, body: resp.body}
 	for _, k := range keep {

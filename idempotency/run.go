@@ -14,7 +14,7 @@ import (
 )
 
 // The ways the handler's transaction ends in a rollback that is not a failure
-// of the database; fn returns them so that Process rolls back.
+// of the database. fn returns them so that Process rolls back.
 var (
 	errHandlerFailed = errors.New("idempotency: handler answered 5xx")
 	errNotCommitted  = errors.New("idempotency: handler answered 4xx, whose writes are not committed")
@@ -66,7 +66,7 @@ func (m *Middleware) answerClientError(w http.ResponseWriter, r *http.Request, i
 		ok, err := m.keepAnswer(r.Context(), id, fp, resp)
 		switch {
 		case errors.Is(err, pgdedup.ErrPayloadMismatch):
-			// Another request holds the key: nothing to keep.
+			// Another request holds the key, so there is nothing to keep.
 		case err != nil:
 			m.log.WarnContext(r.Context(), "idempotency: a 4xx answer was sent without being kept", "consumer", m.store.Consumer(), "error", err)
 		case ok:
@@ -120,8 +120,8 @@ func (m *Middleware) process(r *http.Request, next http.Handler, id string, fp, 
 	return rec, result, processed, err
 }
 
-// run runs next in tx and reports how the handler left the transaction: an
-// error if it must not commit whatever next answered.
+// run runs next in tx and reports how the handler left the transaction. It
+// returns an error if the transaction must not commit, whatever next answered.
 func (m *Middleware) run(rec *recorder, r *http.Request, next http.Handler, tx pgx.Tx, body []byte) error {
 	htx := &handlerTx{Tx: tx}
 	req := withTx(r, htx)

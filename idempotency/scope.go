@@ -7,8 +7,8 @@ import (
 	"net/http"
 )
 
-// scopeHashLen is the length of a scope's hash in a message ID: 128 bits in
-// hex, so two scopes sharing an ID is negligible (about 10⁻²¹ at 10⁹ scopes).
+// scopeHashLen is the length of a scope's hash in a message ID, 128 bits in
+// hex. Two scopes sharing an ID is negligible (about 10⁻²¹ at 10⁹ scopes).
 const scopeHashLen = 32
 
 // deriveKeys returns the HMAC keys of scopes and fingerprints, apart from each
@@ -23,11 +23,11 @@ func deriveKeys(secret []byte) (scopeKey, fpKey []byte) {
 }
 
 // scopedID returns the message ID a key is recorded under and whether the
-// request may go on. With GlobalScope it is the key alone; otherwise the
-// HMAC of the scope, a space and the key, so the scope, whatever its length or
-// bytes, never reaches the table, the logs or telemetry, and the ID stays
-// short and valid. A Scope that returns "" fails closed (ok is false): without
-// an identity, the key cannot be kept apart from other clients'.
+// request may go on. With GlobalScope the ID is the key alone. Otherwise it
+// is the HMAC of the scope, a space and the key. So the scope, whatever its
+// length or bytes, never reaches the table, the logs or telemetry, and the ID
+// stays short and valid. A Scope that returns "" fails closed (ok is false).
+// Without an identity, the key cannot be kept apart from other clients'.
 func (m *Middleware) scopedID(r *http.Request, key string) (id string, ok bool) {
 	if m.cfg.GlobalScope {
 		return key, true
@@ -41,12 +41,12 @@ func (m *Middleware) scopedID(r *http.Request, key string) (id string, ok bool) 
 	return hex.EncodeToString(h.Sum(nil))[:scopeHashLen] + " " + key, true
 }
 
-// fingerprint returns the keyed hash stored with a key: the method, the path
-// and Config.Fingerprint's result (by default the query and the body). The
-// method and path are always in it, so that a Fingerprint that looks at the
-// body alone cannot replay one endpoint's answer on another (a refund
-// answered with a charge). Each part is length-prefixed: no two different
-// requests feed the same bytes to the HMAC.
+// fingerprint returns the keyed hash stored with a key. It covers the method,
+// the path and Config.Fingerprint's result (by default the query and the
+// body). The method and path are always in it, so that a Fingerprint that
+// looks at the body alone cannot replay one endpoint's answer on another (a
+// refund answered with a charge). Each part is length-prefixed, so no two
+// different requests feed the same bytes to the HMAC.
 func (m *Middleware) fingerprint(r *http.Request, body []byte) []byte {
 	h := hmac.New(sha256.New, m.fpKey)
 	for _, part := range [][]byte{[]byte(r.Method), []byte(r.URL.EscapedPath()), m.fingerprintPart(r, body)} {

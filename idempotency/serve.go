@@ -3,7 +3,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -14,14 +13,15 @@ import (
 // Wrap returns next made idempotent by the request's key.
 //
 // The first request with a key runs next in a transaction (see [Tx]) that also
-// claims the key; if next answers below 400, its status, ReplayHeaders and body
-// are stored with the key in that transaction, which commits before the
-// response is sent (4xx: see [Config.ClientErrors]). A 5xx answer or a panic
-// rolls everything back, so a retry runs next again. A later request with the
-// key and the same fingerprint gets the stored response with ReplayedHeader,
-// without calling next; with another fingerprint it gets 422. The response is
-// buffered, so next cannot stream, flush or hijack the connection. Requests
-// whose method is in [Config.SafeMethods] go straight to next.
+// claims the key. If next answers below 400, its status, ReplayHeaders and
+// body are stored with the key in that transaction, which commits before the
+// response is sent. For 4xx, see [Config.ClientErrors]. A 5xx answer or a
+// panic rolls everything back, so a retry runs next again. A later request
+// with the key and the same fingerprint gets the stored response with
+// ReplayedHeader, without calling next. With another fingerprint it gets 422.
+// The response is buffered, so next cannot stream, flush or hijack the
+// connection. Requests whose method is in [Config.SafeMethods] go straight to
+// next.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m.serve(w, r, next)
@@ -29,8 +29,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 }
 
 // WrapFunc is Wrap for a handler that returns an error. A non-nil error rolls
-// the transaction back like a 5xx answer, discards what fn wrote and answers
-// 500 (503 with Retry-After when pgdedup.IsTransient), logging the error; a
+// the transaction back like a 5xx answer, discards what fn wrote, logs the
+// error and answers 500, or 503 with Retry-After when pgdedup.IsTransient. A
 // transient error first re-runs fn in a new transaction, up to
 // Config.Store.MaxAttempts.
 func (m *Middleware) WrapFunc(fn func(w http.ResponseWriter, r *http.Request) error) http.Handler {
@@ -106,11 +106,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.replayKept(w, r, id, fl.kept, body)
 			return
 		}
-		// The request in flight kept no answer: claim the key ourselves.
+		// The request in flight kept no answer, so claim the key ourselves.
 	}
 }
 
-// await waits for fl to end, until deadline; ended is false if it did not.
+// await waits for fl to end, until deadline. ended is false if it did not.
 func (m *Middleware) await(ctx context.Context, fl *flight, deadline time.Time) (ended bool) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
@@ -131,7 +131,7 @@ func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	if kept.sealed {
-		// Replay what a lookup would: the body as StoredBody opens it.
+		// Replay what a lookup would, the body as StoredBody opens it.
 		opened := *kept
 		var err error
 		if opened.body, err = m.cfg.StoredBody.Open(pgdedup.Key(m.store.Consumer(), id), kept.status, kept.body); err != nil {
@@ -144,7 +144,7 @@ func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, id strin
 }
 
 // lead serves the first request of a key in this process, whose body was
-// read: it takes a turn on the database, claims the key and runs next, or
+// read. It takes a turn on the database, claims the key and runs next, or
 // replays the key's stored answer. It returns the answer kept for the key,
 // for the requests waiting on the same key, or nil.
 func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Handler, id string, body []byte) *response {
@@ -155,42 +155,21 @@ func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 	defer release()
 	fp := m.fingerprint(r, body)
-
-	// A key found as a duplicate can expire and be cleaned before its answer
-	// is read from the columns of an earlier version; then it is claimed
-	// again, as a new key.
-	for range 3 {
-		rec, result, processed, err := m.process(r, next, id, fp, body)
-		if done, kept := m.answer(w, r, id, fp, rec, processed, err); done {
-			return kept
-		}
-		stored, found, err := m.replayed(r.Context(), id, fp, result)
-		switch {
-		case err != nil:
-			m.fail(w, r, err)
-			return nil
-		case !found:
-			continue
-		case stored.expired:
-			m.keyExpired(w)
-			return nil
-		case stored.status == 0:
-			m.keyReused(w) // a message ID of another use of this Consumer name
-			return nil
-		case !bytes.Equal(stored.fingerprint, fp):
-			m.keyReused(w)
-			return stored
-		}
-		stored.send(w, true)
-		return stored
+	rec, result, processed, err := m.process(r, next, id, fp, body)
+	if done, kept := m.answer(w, r, id, fp, rec, processed, err); done {
+		return kept
 	}
-	m.fail(w, r, errors.New("idempotency: key kept expiring between claim and lookup"))
-	return nil
-}
-
-// keyExpired answers a request whose key's row has expired.
-func (m *Middleware) keyExpired(w http.ResponseWriter) {
-	m.problem(w, http.StatusUnprocessableEntity, keyExpired, fmt.Sprintf("This %s was first used more than %s ago and has expired: its answer is no longer kept. Use a new key for a new request.", m.cfg.Header, formatDuration(m.store.Retention())))
+	stored, err := m.replayed(id, fp, result)
+	switch {
+	case err != nil:
+		m.fail(w, r, err)
+		return nil
+	case stored.status == 0:
+		m.keyReused(w) // a message ID of another use of this Consumer name
+		return nil
+	}
+	stored.send(w, true)
+	return stored
 }
 
 // readBody reads the request's body whole, at most MaxRequestBody bytes
@@ -216,9 +195,9 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 
 // readDeadline sets the connection's read deadline RequestBodyTimeout from
 // now, or the server's ReadTimeout if that is shorter. clear removes it,
-// once the body is read whole. After a failed read the deadline stays: the
-// server then discards what is left of the body before closing, which a
-// client that stopped sending would otherwise hold up forever.
+// once the body is read whole. After a failed read the deadline stays. The
+// server then discards what is left of the body before closing, and a client
+// that stopped sending would otherwise hold that up forever.
 func (m *Middleware) readDeadline(w http.ResponseWriter, r *http.Request) (clear func()) {
 	noop := func() {}
 	timeout := m.cfg.RequestBodyTimeout

@@ -8,11 +8,11 @@ import (
 )
 
 // A stored response is the result pgdedup.Store.ProcessResult keeps with the
-// key: this file's encoding of its status, the headers kept for replay and
-// its body. The first byte is the format's version, so that a later version
+// key. This file encodes its status, the headers kept for replay and its
+// body. The first byte is the format's version, so that a later version
 // can change the format and still read rows written before it.
 //
-// Version 1, the only one:
+// Version 1 is the only one.
 //
 //	version  1 byte, 1
 //	flags    1 byte: bit 0, the body was not stored (BodyOmittedHeader)
@@ -27,8 +27,8 @@ const (
 )
 
 // storedOverhead is what a stored response may hold besides a body of
-// Config.MaxStoredBody bytes: its status, the headers kept for replay and
-// what Config.StoredBody adds to the body (a nonce and a tag, say). A larger
+// Config.MaxStoredBody bytes. That is its status, the headers kept for replay
+// and what Config.StoredBody adds to the body (a nonce and a tag, say). A larger
 // response fails its request with 500 and pgdedup.ErrResultTooLarge.
 const storedOverhead = 64 << 10
 
@@ -67,8 +67,8 @@ func encodeStored(resp *response) []byte {
 // errStoredFormat is a stored response this version cannot read.
 var errStoredFormat = errors.New("idempotency: stored response")
 
-// decodeStored reads a stored response. The body is as stored (sealed, if
-// Config.StoredBody sealed it); an omitted body is empty, not nil.
+// decodeStored reads a stored response. The body is as stored, sealed if
+// Config.StoredBody sealed it. An omitted body is empty, not nil.
 func decodeStored(b []byte) (*response, error) {
 	bad := func(what string) error { return fmt.Errorf("%w: %s (%d bytes)", errStoredFormat, what, len(b)) }
 	switch {

@@ -15,12 +15,12 @@ import (
 
 // With TEST_CITUS_DISTRIBUTE set to a column of processed_messages (message_id
 // or key, see internal/citusdist),
-// TEST_DATABASE_URL is taken to be a Citus coordinator: New distributes each
+// TEST_DATABASE_URL is taken to be a Citus coordinator. New distributes each
 // test's processed_messages by that column after migrating it, and Distribute
 // distributes the business tables the tests create, so the whole suite runs
 // against distributed tables. TEST_CITUS_SHARDS sets citus.shard_count for
 // them (Citus's default, 32, when unset). Each test's processed_messages has
-// a co-location group of its own, with its business tables: Citus locks a
+// a co-location group of its own, with its business tables. Citus locks a
 // table of the group while it distributes another into it, which would tie
 // one test's sealing (or a dropped schema) to another's setup.
 
@@ -30,7 +30,7 @@ func CitusColumn() string { return os.Getenv("TEST_CITUS_DISTRIBUTE") }
 
 // Distribute makes table (in db's schema) a hash-distributed Citus table on
 // column, co-located with processed_messages when colocate is set, if the
-// suite runs on Citus (CitusColumn); otherwise it does nothing. Call it right
+// suite runs on Citus (CitusColumn). Otherwise it does nothing. Call it right
 // after creating the table, before writing to it.
 func (db *DB) Distribute(t testing.TB, table, column string, colocate bool) {
 	t.Helper()

@@ -11,14 +11,14 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// The delivery helpers test a handler the way the pattern's FAQ says to: the
-// same message delivered several times in a row, several times at once, and
-// once with its transaction cut before COMMIT and then delivered again. Each
-// delivers through [pgdedup.Store.Process] with the handler's fn, the
-// business write of one message; [AssertOnce] then checks, with the test's
-// own query, that the business effect happened once.
+// The delivery helpers test a handler the way the pattern's FAQ says to. They
+// deliver the same message several times in a row, several times at once, and
+// once with its transaction cut before COMMIT and then again. Each delivers
+// through [pgdedup.Store.Process] with the handler's fn, the business write of
+// one message. [AssertOnce] then checks, with the test's own query, that the
+// business effect happened once.
 
-// TB is what the delivery helpers need of a test: a *testing.T or
+// TB is what the delivery helpers need of a test. It is a *testing.T or
 // *testing.B, or anything that reports failures the same way.
 type TB interface {
 	Helper()
@@ -91,14 +91,14 @@ func DeliverConcurrently(t TB, store *pgdedup.Store, messageID string, n int, fn
 	return processed
 }
 
-// DeliverCutBeforeCommit delivers messageID once with its connection cut
-// after fn returned and before COMMIT reached the server, as when a consumer
-// crashes or the network fails at that instant: the server rolls the
-// transaction back, fn's writes with it. Process retries such a failure
-// itself (up to Config.MaxAttempts); a broker would redeliver the message
-// anyway, which the helper then does, once. Only the first run of fn is cut.
-// It returns how many deliveries ran fn to COMMIT: 1 for a new ID. It fails t
-// if the redelivery returns an error.
+// DeliverCutBeforeCommit delivers messageID once with its connection cut after
+// fn returned and before COMMIT reached the server, as when a consumer crashes
+// or the network fails at that instant. The server rolls the transaction back,
+// fn's writes with it. Process retries such a failure itself (up to
+// Config.MaxAttempts). A broker would redeliver the message anyway, which the
+// helper then does, once. Only the first run of fn is cut. It returns how many
+// deliveries ran fn to COMMIT, which is 1 for a new ID. It fails t if the
+// redelivery returns an error.
 func DeliverCutBeforeCommit(t TB, store *pgdedup.Store, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (processed int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deliveryTimeout)
@@ -109,7 +109,7 @@ func DeliverCutBeforeCommit(t TB, store *pgdedup.Store, messageID string, fn fun
 			return err
 		}
 		cut = true
-		// The socket closes under pgx: COMMIT is never sent, and the server
+		// The socket closes under pgx. COMMIT is never sent, and the server
 		// sees the client go away mid-transaction.
 		return tx.Conn().PgConn().Conn().Close()
 	})

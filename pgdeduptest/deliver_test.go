@@ -38,7 +38,7 @@ func (b *kitBundle) charges(orderID string) func(ctx context.Context) (int, erro
 	}
 }
 
-// charge writes in tx: the effect commits with the claim or not at all.
+// charge writes in tx, so the effect commits with the claim or not at all.
 func charge(orderID string) func(context.Context, pgx.Tx) error {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, orderID)
@@ -82,9 +82,9 @@ func (r *recorder) Fatalf(format string, a ...any) {
 	r.failures = append(r.failures, fmt.Sprintf(format, a...))
 }
 
-// A handler that writes outside the claim's transaction (here: on the pool)
+// A handler that writes outside the claim's transaction (here on the pool)
 // keeps its effect when the transaction is cut, and the redelivery repeats
-// it: the kit reports it.
+// it. The kit reports it.
 func TestDeliverHelpersCatchAHandlerThatWritesOutsideTx(t *testing.T) {
 	t.Parallel()
 	b := newKitBundle(t)

@@ -11,16 +11,16 @@ import (
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
-// printT is a pgdeduptest.TB that prints failures: in a test, pass t.
+// printT is a pgdeduptest.TB that prints failures. In a test, pass t.
 type printT struct{}
 
 func (printT) Helper()                        {}
 func (printT) Errorf(format string, a ...any) { fmt.Printf("FAIL: "+format+"\n", a...) }
 func (printT) Fatalf(format string, a ...any) { fmt.Printf("FAIL: "+format+"\n", a...) }
 
-// A handler's test: the same order delivered three times in a row, eight
-// times at once, and once cut before COMMIT then redelivered; each time the
-// handler's effect, counted by the test's own query, must happen once.
+// A handler's test delivers the same order three times in a row, eight times
+// at once, and once cut before COMMIT then again. Each time the handler's
+// effect, counted by the test's own query, must happen once.
 func Example() {
 	pool, done := pgdeduptest.ForExample() // in a test: db := pgdeduptest.New(t)
 	defer done()

@@ -16,12 +16,12 @@ import (
 // loudly instead of silently switching isolation methods.
 //
 // Behind PgBouncer a test cannot isolate itself with a search_path startup
-// parameter: PgBouncer refuses unknown startup parameters, and dropping it with
+// parameter. PgBouncer refuses unknown startup parameters, and dropping it with
 // ignore_startup_parameters would put every test in the same schema. So each
 // test's schema gets a login role of the same name, a superuser like the one in
 // TEST_DATABASE_URL, whose default search_path (ALTER ROLE … SET search_path)
 // is the schema, and DB.URL logs in as that role. PgBouncer must let such roles
-// in without a reload (auth_type=trust with auth_user and auth_query; see
+// in without a reload (auth_type=trust with auth_user and auth_query, see
 // .ci/services.sh), and TEST_DATABASE_URL should carry
 // default_query_exec_mode=exec, since PgBouncer before 1.21 cannot keep
 // prepared statements across transactions.
@@ -50,7 +50,7 @@ func dropSchema(ctx context.Context, admin *pgx.Conn, schema string) error {
 	return execAll(ctx, admin, stmts)
 }
 
-// schemaURL returns base changed to connect to schema: with its search_path,
+// schemaURL returns base changed to connect to schema, with its search_path
 // or, behind PgBouncer, as the role of the same name.
 func schemaURL(base, schema string) (string, error) {
 	if PgBouncer() {
@@ -60,7 +60,8 @@ func schemaURL(base, schema string) (string, error) {
 }
 
 // withUser returns the connection string u (URL or key=value form) logging in
-// as user, without a password: the test database trusts local connections.
+// as user, without a password, because the test database trusts local
+// connections.
 func withUser(u, user string) (string, error) {
 	if !strings.HasPrefix(u, "postgres://") && !strings.HasPrefix(u, "postgresql://") {
 		return u + " user=" + user + " password=''", nil

@@ -7,7 +7,7 @@ import (
 )
 
 // withUser must keep everything but the user, in both connection string forms,
-// and drop the password: test roles have none.
+// and drop the password, because test roles have none.
 func TestWithUser(t *testing.T) {
 	for _, base := range []string{
 		"postgres://postgres:secret@127.0.0.1:6432/test?sslmode=disable&default_query_exec_mode=exec",

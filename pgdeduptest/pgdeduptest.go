@@ -1,27 +1,28 @@
-// Package pgdeduptest gives each test its own freshly migrated schema in a
-// real PostgreSQL database: the pool, the schema's name and a connection
+// Package pgdeduptest gives each test its own freshly migrated schema in a real
+// PostgreSQL database. It gets the pool, the schema's name and a connection
 // string for it, all dropped when the test ends. It is what pgdedup's own
-// tests, its contrib modules and its examples use, and what a service that
-// uses pgdedup can use in its tests.
+// tests, its contrib modules and its examples use, and what a service that uses
+// pgdedup can use in its tests.
 //
 // For a service's handler, [DeliverSequentially], [DeliverConcurrently] and
 // [DeliverCutBeforeCommit] deliver one message the ways a broker can (again,
 // at once, after a crash before COMMIT), and [AssertOnce] checks with the
 // test's own query that its effect happened once.
 //
-// Its API is not covered by pgdedup's compatibility promise: it may change in
+// Its API is not covered by pgdedup's compatibility promise. It may change in
 // any release, as the project's tests need.
 //
-// The database is, in order: TEST_DATABASE_URL if set (then nothing else is
-// tried); else a container from testcontainers' postgres module when a Docker
-// engine answers; else postgres://postgres@localhost:5432/postgres; else a
+// The database is the first of these that works. TEST_DATABASE_URL comes
+// first, and when it is set nothing else is tried. Next is a container from
+// testcontainers' postgres module when a Docker engine answers, then a server
+// on localhost (port 5432, user postgres, database postgres). Last is a
 // throwaway cluster started from the local PostgreSQL server binaries, stopped
 // when the test binary exits. When none works, the test fails naming them all
 // and what to do. It never skips.
 //
 // With TEST_PGBOUNCER set, TEST_DATABASE_URL is taken to point at PgBouncer in
-// transaction pooling mode, which refuses search_path as a startup parameter:
-// each test then also gets a login role of its own whose default search_path
+// transaction pooling mode, which refuses search_path as a startup parameter.
+// Each test then also gets a login role of its own whose default search_path
 // is its schema (see [PgBouncer]). With TEST_CITUS_DISTRIBUTE set, it is taken
 // to be a Citus coordinator (see [CitusColumn]).
 package pgdeduptest
@@ -80,7 +81,7 @@ const noServerHint = "Start one with `docker compose up -d` in the repository, s
 	"to a server's URL, or install PostgreSQL's server binaries (Debian: apt-get install postgresql)."
 
 // resolve chooses the server. A throwaway cluster is stopped by its watchdog
-// when the test binary exits: no test hook runs at exit.
+// when the test binary exits, because no test hook runs at exit.
 func resolve() (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -107,8 +108,9 @@ func dockerAnswers(ctx context.Context) (ok bool) {
 	return p.Health(hctx) == nil
 }
 
-// startContainer starts postgres:17-alpine when a Docker engine answers.
-// Ryuk, testcontainers' reaper, removes it when the test binary exits.
+// startContainer starts the image postgres:17-alpine when a Docker engine
+// answers. Ryuk, testcontainers' reaper, removes it when the test binary
+// exits.
 func startContainer(ctx context.Context) (string, func(), error) {
 	if !dockerAnswers(ctx) {
 		return "", nil, errors.New("no Docker engine answers")
@@ -126,15 +128,15 @@ func startContainer(ctx context.Context) (string, func(), error) {
 	return u, nil, err
 }
 
-// DB is a test's database: a pool whose connections use the test's own
-// schema as search_path, migrated with pgdedup.Migrate.
+// DB is a test's database. Its pool's connections use the test's own schema
+// as search_path, migrated with pgdedup.Migrate.
 type DB struct {
 	Pool   *pgxpool.Pool
-	Schema string // unquoted; safe to use unquoted in SQL (letters, digits, _)
+	Schema string // unquoted, and safe to use unquoted in SQL (letters, digits, _)
 
-	// URL connects to the test's schema: search_path is set to Schema in it,
-	// or, behind PgBouncer, it logs in as the test's role, whose default
-	// search_path is Schema.
+	// URL connects to the test's schema. It sets search_path to Schema or,
+	// behind PgBouncer, logs in as the test's role, whose default search_path
+	// is Schema.
 	URL string
 
 	base string // the database URL, logging in as its superuser
@@ -147,9 +149,10 @@ func New(t testing.TB) *DB {
 	db := NewUnmigrated(t)
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)
 	defer sqlDB.Close()
-	// A hang guard, not a bound on speed: migration 00003's CREATE INDEX
-	// CONCURRENTLY waits for every older transaction in the database, the
-	// other tests' migrations among them, which on a busy machine take long.
+	// This is a hang guard, not a bound on speed. Migration 00003's CREATE
+	// INDEX CONCURRENTLY waits for every older transaction in the database,
+	// the other tests' migrations among them, which on a busy machine take
+	// long.
 	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
 	defer cancel()
 	if err := pgdedup.Migrate(ctx, sqlDB); err != nil {
@@ -161,10 +164,10 @@ func New(t testing.TB) *DB {
 	return db
 }
 
-// migrateTimeout bounds New's migration: see there.
+// migrateTimeout bounds New's migration. A comment in New says why it is long.
 const migrateTimeout = 10 * time.Minute
 
-// NewUnmigrated is New without the migrations: an empty schema.
+// NewUnmigrated is New without the migrations, so the schema is empty.
 func NewUnmigrated(t testing.TB) *DB {
 	t.Helper()
 	base := URL(t)
@@ -234,7 +237,7 @@ func randomHex(n int) string {
 }
 
 // ForExample gives an Example function a migrated schema of its own, like New.
-// It panics when no database answers; call the returned func when done.
+// It panics when no database answers. Call the returned func when done.
 func ForExample() (*pgxpool.Pool, func()) {
 	once.Do(func() { dbURL, urlErr = resolve() })
 	if urlErr != nil {

@@ -10,8 +10,8 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// Querier is what test code needs from the database: a pool, a connection or
-// a transaction.
+// Querier is what test code needs from the database, such as a pool, a
+// connection or a transaction.
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -27,7 +27,7 @@ func Exec(t testing.TB, db Querier, sql string, args ...any) {
 }
 
 // Count runs sql, a query of one integer such as SELECT count(*), and returns
-// that integer; it fails t if the query errs.
+// that integer. It fails t if the query errs.
 func Count(t testing.TB, db Querier, sql string, args ...any) int {
 	t.Helper()
 	var n int
@@ -38,7 +38,7 @@ func Count(t testing.TB, db Querier, sql string, args ...any) int {
 }
 
 // CountBy runs sql, a query of (text, integer) rows such as
-// SELECT k, count(*) … GROUP BY k, and returns them as a map; it fails t if
+// SELECT k, count(*) … GROUP BY k, and returns them as a map. It fails t if
 // the query errs.
 func CountBy(t testing.TB, db Querier, sql string, args ...any) map[string]int {
 	t.Helper()
@@ -58,7 +58,7 @@ func CountBy(t testing.TB, db Querier, sql string, args ...any) map[string]int {
 // HoldClaim claims id with store in a transaction of its own on db and
 // leaves that transaction open, so that a claim of id elsewhere waits for it
 // (or, with [pgdedup.Config.LockTimeout], fails with [pgdedup.ErrInFlight]).
-// The caller commits or rolls it back; it is rolled back when t ends.
+// The caller commits or rolls it back, and it is rolled back when t ends.
 func HoldClaim(t testing.TB, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 }, store *pgdedup.Store, id string) pgx.Tx {

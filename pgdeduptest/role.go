@@ -12,7 +12,7 @@ import (
 // (USAGE on it, no privileges on any table, not a superuser), with db.Schema as
 // its default search_path, and returns its name and a URL logging in as it,
 // through PgBouncer too. The test grants it what it needs. The role is dropped,
-// with its grants, when t ends; close anything connected as it before.
+// with its grants, when t ends. Close anything connected as it before.
 //
 // The search_path is the role's default rather than a URL parameter so that
 // the same URL works directly and behind PgBouncer, the way a production

@@ -15,7 +15,7 @@ import (
 
 // Through gin, the middleware reads the body before taking a turn on the
 // database, and its read deadline reaches the connection through gin's
-// ResponseWriter: a client that stalls after one byte of its body gets 408,
+// ResponseWriter. A client that stalls after one byte of its body gets 408,
 // and meanwhile another client's keyed request, with MaxInFlight 1, gets 201.
 func TestStalledBodyThroughGin(t *testing.T) {
 	t.Parallel()

@@ -16,7 +16,7 @@ import (
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
-// A gin route whose handler writes in the middleware's transaction; the retry
+// A gin route's handler writes in the middleware's transaction. The retry
 // gets the first answer replayed and inserts nothing.
 func ExampleMiddleware() {
 	ctx := context.Background()
@@ -27,7 +27,7 @@ func ExampleMiddleware() {
 	}
 	mw, err := idempotency.New(pool, idempotency.Config{
 		Store:       pgdedup.Config{Consumer: "orders-api"},
-		GlobalScope: true, // an example's shortcut: a real API sets Scope from its authentication
+		GlobalScope: true, // an example's shortcut, as a real API sets Scope from its authentication
 		Secret:      []byte("example secret, 32 random bytes in real life"),
 	})
 	if err != nil {

@@ -11,12 +11,12 @@ import (
 	"github.com/pgdedup/pgdedup/idempotency"
 )
 
-// ErrBuffered is what Hijack returns inside [Middleware]: the middleware
+// ErrBuffered is what Hijack returns inside [Middleware]. The middleware
 // buffers the answer to store it, so a handler cannot take the connection.
 var ErrBuffered = errors.New("pgdedupgin: the answer of an idempotent handler is buffered: it cannot hijack the connection")
 
 // Middleware returns a gin middleware that runs the rest of the chain inside
-// mw. The chain's answer goes to mw's buffer; mw stores it with the key and
+// mw. The chain's answer goes to mw's buffer, and mw stores it with the key and
 // sends it after COMMIT. When mw answers without running the chain (a replay,
 // 409 for a key in flight, 400, 422), the chain is aborted. Requests whose
 // method is one of mw's SafeMethods run the chain without a transaction.
@@ -38,7 +38,7 @@ func Middleware(mw *idempotency.Middleware) gin.HandlerFunc {
 	}
 }
 
-// writer is the gin.ResponseWriter of the chain inside the middleware: it
+// writer is the gin.ResponseWriter of the chain inside the middleware. It
 // writes to the middleware's buffer, with gin's rule that the status is sent
 // on the first write (or WriteHeaderNow).
 type writer struct {
@@ -75,10 +75,11 @@ func (w *writer) Size() int                         { return w.size }
 func (w *writer) Written() bool                     { return w.size != -1 }
 func (w *writer) Pusher() http.Pusher               { return nil }
 
-// Flush sends nothing: the answer is sent whole, after COMMIT.
+// Flush sends nothing, because the answer is sent whole, after COMMIT.
 func (w *writer) Flush() { w.WriteHeaderNow() }
 
-// CloseNotify is gin's; the request's context says when the client left.
+// CloseNotify is part of gin.ResponseWriter. Its channel never fires,
+// because the request's context says when the client left.
 func (w *writer) CloseNotify() <-chan bool { return make(chan bool) }
 
 func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, ErrBuffered }

@@ -24,8 +24,8 @@ import (
 func init() { gin.SetMode(gin.ReleaseMode) }
 
 // api is a gin router with POST /orders behind authentication and Middleware.
-// The handler inserts an order in the middleware's transaction; its item
-// chooses a failure: "error" records c.Error and answers nothing, "abort"
+// The handler inserts an order in the middleware's transaction, and its item
+// chooses a failure. "error" records c.Error and answers nothing, and "abort"
 // answers c.AbortWithStatus(502), both after the INSERT. gate, when set, holds
 // each call until it receives.
 type api struct {
@@ -188,9 +188,9 @@ func TestConflictWhileInFlight(t *testing.T) {
 	}
 }
 
-// A handler that fails after its INSERT, with c.Error alone (gin would answer
-// an empty 200) or with AbortWithStatus(502): the INSERT rolls back and a
-// retry runs the handler again.
+// A handler fails after its INSERT, with c.Error alone (gin would answer an
+// empty 200) or with AbortWithStatus(502). The INSERT rolls back and a retry
+// runs the handler again.
 func TestFailuresRollBack(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
@@ -207,7 +207,7 @@ func TestFailuresRollBack(t *testing.T) {
 	}
 }
 
-// Safe methods pass through: no key needed, no transaction.
+// Safe methods pass through, with no key needed and no transaction.
 func TestSafeMethodPassesThrough(t *testing.T) {
 	t.Parallel()
 	db := pgdeduptest.New(t)
@@ -225,7 +225,7 @@ func TestSafeMethodPassesThrough(t *testing.T) {
 	}
 }
 
-// A handler that panics after its INSERT: rolled back, and gin.Recovery,
+// A handler that panics after its INSERT is rolled back, and gin.Recovery,
 // mounted before Middleware, answers 500 to the client.
 func TestPanicRollsBackAndRecoveryAnswers(t *testing.T) {
 	t.Parallel()

@@ -14,9 +14,9 @@ import (
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
-// OnEvent goes into the Store's Config; Trace wraps the Store. A service
-// passes its own providers (or none: the global ones); this example reads the
-// metrics back with a ManualReader.
+// OnEvent goes into the Store's Config, and Trace wraps the Store. A service
+// passes its own providers (or none, for the global ones). This example reads
+// the metrics back with a ManualReader.
 func Example() {
 	pool, done := pgdeduptest.ForExample()
 	defer done()

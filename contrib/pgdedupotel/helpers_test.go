@@ -30,7 +30,7 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-// charge is the business write: one charges row per order.
+// charge is the business write, one charges row per order.
 func charge(id string) func(context.Context, pgx.Tx) error {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, id)

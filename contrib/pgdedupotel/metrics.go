@@ -21,11 +21,11 @@ const ScopeName = "github.com/pgdedup/pgdedup/contrib/pgdedupotel"
 const (
 	AttrConsumer   = attribute.Key("messaging.consumer.group.name") // pgdedup.Config.Consumer
 	AttrOperation  = attribute.Key("messaging.operation.name")      // process, process_batch
-	AttrOutcome    = attribute.Key("pgdedup.outcome")               // processed, duplicate, in_flight (spans: also error)
+	AttrOutcome    = attribute.Key("pgdedup.outcome")               // processed, duplicate, in_flight, and on spans also error
 	AttrErrorType  = attribute.Key("error.type")                    // SQLSTATE, connection, canceled, timeout, cleanup_starved or _OTHER
 	AttrMessageID  = attribute.Key("messaging.message.id")          // spans of Process only
 	AttrBatchCount = attribute.Key("messaging.batch.message_count") // spans of ProcessBatch only
-	AttrFreshCount = attribute.Key("pgdedup.fresh_count")           // spans of ProcessBatch only: IDs that were new
+	AttrFreshCount = attribute.Key("pgdedup.fresh_count")           // how many IDs were new, on spans of ProcessBatch only
 )
 
 // Config says where measurements and spans go. The zero value uses the global
@@ -39,7 +39,7 @@ type Config struct {
 	// otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 
-	// Attributes are added to every measurement and span: for instance
+	// Attributes are added to every measurement and span, such as
 	// messaging.system ("rabbitmq", "kafka"), which the conventions require
 	// and pgdedup cannot know. Keep them low-cardinality. Defaults to none.
 	Attributes []attribute.KeyValue
@@ -60,8 +60,8 @@ type metrics struct {
 
 // OnEvent returns a function for [pgdedup.Config.OnEvent] that records each
 // event as the metrics listed in the package documentation. It is safe for
-// concurrent use and does not block. One function may serve several Stores:
-// each event carries its Store's consumer.
+// concurrent use and does not block. One function may serve several Stores,
+// because each event carries its Store's consumer.
 func OnEvent(cfg Config) (func(context.Context, pgdedup.Event), error) {
 	mp := cfg.MeterProvider
 	if mp == nil {
@@ -126,7 +126,7 @@ func (m *metrics) with(kv ...attribute.KeyValue) metric.MeasurementOption {
 	return metric.WithAttributes(append(kv, m.attrs...)...)
 }
 
-// errorType is the low-cardinality error.type of err: its SQLSTATE when
+// errorType is the low-cardinality error.type of err. It is the SQLSTATE when
 // Postgres sent one, else a class.
 func errorType(err error) string {
 	var pgErr *pgconn.PgError

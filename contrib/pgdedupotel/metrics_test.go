@@ -19,8 +19,8 @@ import (
 	"github.com/pgdedup/pgdedup/pgdeduptest"
 )
 
-// The metrics equal what happened: each delivery, by outcome, against the
-// charges written and the IDs recorded in the database.
+// The metrics equal what happened. Each delivery is counted by outcome and
+// checked against the charges written and the IDs recorded in the database.
 func TestOnEventCountsWhatHappened(t *testing.T) {
 	t.Parallel()
 	reader := sdkmetric.NewManualReader()
@@ -46,12 +46,12 @@ func TestOnEventCountsWhatHappened(t *testing.T) {
 
 	process("a")                                                              // processed
 	process("a")                                                              // duplicate
-	batch("a", "b", "c", "b")                                                 // b, c processed; a duplicate
+	batch("a", "b", "c", "b")                                                 // b and c processed, and a is a duplicate
 	batch("c")                                                                // duplicate, fn not called
 	if _, err := store.Process(ctx, "r", failOnce(charge("r"))); err != nil { // a retry, then processed
 		t.Fatal(err)
 	}
-	// fn failing for good is no event: nothing happened to the message.
+	// fn failing for good is no event, because nothing happened to the message.
 	if _, err := store.Process(ctx, "bad", func(context.Context, pgx.Tx) error { return errors.New("card declined") }); err == nil {
 		t.Fatal("want fn's error")
 	}
@@ -83,7 +83,7 @@ SELECT 'emails', 'old-' || g, now() - interval '1 minute' FROM generate_series(1
 		"pgdedup.messages{" + c + "," + sys + ",pgdedup.outcome=processed}":                        float64(charges),
 		"pgdedup.messages{" + c + "," + sys + ",pgdedup.outcome=duplicate}":                        3,
 		"pgdedup.messages{" + c + "," + sys + ",pgdedup.outcome=in_flight}":                        3,
-		"messaging.process.duration{" + c + ",messaging.operation.name=process," + sys + "}":       2, // a, r: counts of the histogram
+		"messaging.process.duration{" + c + ",messaging.operation.name=process," + sys + "}":       2, // a, r as counts of the histogram
 		"messaging.process.duration{" + c + ",messaging.operation.name=process_batch," + sys + "}": 1,
 		"pgdedup.retries{error.type=40001," + c + "," + sys + "}":                                  1,
 		"pgdedup.cleanup.deleted{" + c + "," + sys + "}":                                           float64(deleted),
@@ -161,8 +161,8 @@ VALUES ('billing', 'old', now() - interval '2 hours', now() - interval '1 hour')
 	}
 }
 
-// collect reads reader once and flattens it: counters to their sum,
-// histograms to their count, keyed by name{attributes sorted by key}.
+// collect reads reader once and flattens it. Counters become their sum and
+// histograms their count, keyed by name{attributes sorted by key}.
 func collect(t *testing.T, reader sdkmetric.Reader) map[string]float64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics

@@ -13,8 +13,8 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// Store is a [pgdedup.Store] whose Process and ProcessBatch each run in a span;
-// every other method is the embedded Store's. fn runs inside the span, so the
+// Store is a [pgdedup.Store] whose Process and ProcessBatch each run in a span.
+// Every other method is the embedded Store's. fn runs inside the span, so the
 // spans of its own queries (from a pgx tracer, for instance) are its children.
 type Store struct {
 	*pgdedup.Store
@@ -24,9 +24,9 @@ type Store struct {
 
 // Trace returns s with spans around Process and ProcessBatch, created by
 // cfg.TracerProvider. The span of Process is named "pgdedup.Process", of kind
-// internal (it runs inside the broker's own process span, if any), and says
-// how the call ended in pgdedup.outcome: processed, duplicate, in_flight or
-// error; on an error its status is Error, with error.type and the error
+// internal (it runs inside the broker's own process span, if any). Its
+// pgdedup.outcome says how the call ended, as processed, duplicate, in_flight
+// or error. On an error its status is Error, with error.type and the error
 // recorded. ProcessBatch's span, "pgdedup.ProcessBatch", also carries the
 // batch size and how many IDs were fresh. A retried attempt shows as a span
 // event when the Store's OnEvent comes from [OnEvent].

@@ -119,7 +119,7 @@ func TestTraceSpansSayTheOutcome(t *testing.T) {
 }
 
 // A payload mismatch recorded on a span shows no fingerprint, in its status,
-// attributes or events: the first delivery's unkeyed SHA-256 of a small
+// attributes or events. The first delivery's unkeyed SHA-256 of a small
 // payload would give the payload away to whoever reads traces (issue 26 §6).
 func TestTraceShowsNoFingerprint(t *testing.T) {
 	t.Parallel()

@@ -17,14 +17,14 @@ import (
 )
 
 // The shipped alerting rules (alerts.yml) and dashboard (dashboard.json)
-// name only metrics that pgdedup exports: this module's Collector, and
-// contrib/pgdedupotel's instruments as the OpenTelemetry Prometheus exporter
-// names them. CI also runs `promtool check rules` on alerts.yml, which parses
-// the PromQL; this test checks what promtool does not: every rule has a
-// severity and a summary, and names only exported metrics.
+// name only metrics that pgdedup exports. Those are this module's Collector's
+// and contrib/pgdedupotel's instruments as the OpenTelemetry Prometheus
+// exporter names them. CI also runs `promtool check rules` on alerts.yml,
+// which parses the PromQL. This test checks what promtool does not, that every
+// rule has a severity and a summary, and names only exported metrics.
 
 // pendingMetrics are metrics the rules use that another change adds to the
-// Collector (the partition runway, issue 27): drop a name once the Collector
+// Collector (the partition runway, issue 27). Drop a name once the Collector
 // exports it.
 var pendingMetrics []string
 
@@ -131,7 +131,7 @@ var (
 )
 
 // checkExpr reports in t the metrics expr names that are not in known, and
-// brackets that do not balance; it returns the metrics it names, histogram
+// brackets that do not balance. It returns the metrics it names, histogram
 // suffixes removed.
 func checkExpr(t *testing.T, where, expr string, known map[string]bool) []string {
 	t.Helper()
@@ -159,11 +159,11 @@ func checkExpr(t *testing.T, where, expr string, known map[string]bool) []string
 	return names
 }
 
-// exportedMetrics returns the metric names pgdedup exports to Prometheus:
-// true for the Collector's, false for pgdedupotel's (read from the table in
-// its package doc, named as the OpenTelemetry Prometheus exporter names
-// them: dots to underscores, _total for a counter, _seconds for a unit s)
-// and for pendingMetrics.
+// exportedMetrics returns the metric names pgdedup exports to Prometheus. It
+// maps the Collector's to true. It maps pgdedupotel's to false, read from the
+// table in its package doc and named as the OpenTelemetry Prometheus exporter
+// names them (dots to underscores, _total for a counter, _seconds for a unit
+// s). pendingMetrics map to false too.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	store, err := pgdedup.New(pgdeduptest.New(t).Pool, pgdedup.Config{Consumer: "billing"})

@@ -1,6 +1,6 @@
-// Package pgdedupprom exports what `pgdedup stats` reads to Prometheus: rows
-// per consumer, expired rows, the oldest row and the table's size, from
-// [pgdedup.Store.Stats]. With them a stuck cleanup can be alerted on; the
+// Package pgdedupprom exports what `pgdedup stats` reads to Prometheus. It
+// reads rows per consumer, expired rows, the oldest row and the table's size
+// from [pgdedup.Store.Stats]. With them a stuck cleanup can be alerted on. The
 // duplicate rate comes from the messages counters of pgdedupotel (see
 // docs/integrations.md in the repository for both). alerts.yml beside this
 // file holds alerting rules over both, dashboard.json a Grafana dashboard.
@@ -8,11 +8,11 @@
 //	store, _ := pgdedup.New(pool, pgdedup.Config{Consumer: "billing"})
 //	prometheus.MustRegister(pgdedupprom.NewCollector(store, pgdedupprom.Options{}))
 //
-// Metrics, each with the label table (the dedup table, as in Config.Table):
+// Each metric has the label table, the dedup table as in Config.Table.
 //
 //	pgdedup_stats_up                               1 if the last read of the stats succeeded, else 0 (and no other series)
 //	pgdedup_rows{consumer}                         rows held
-//	pgdedup_expired_rows{consumer}                 rows past expires_at: the next cleanup deletes them
+//	pgdedup_expired_rows{consumer}                 rows past expires_at, which the next cleanup deletes
 //	pgdedup_oldest_processed_timestamp_seconds{consumer}   the oldest row's processed_at, Unix time
 //	pgdedup_next_expiry_timestamp_seconds{consumer}        the earliest expires_at still ahead (absent when all have expired)
 //	pgdedup_table_size_bytes                       heap, TOAST and maps (pg_table_size)
@@ -21,10 +21,11 @@
 //	pgdedup_dead_tuples                            rows deleted and not yet reclaimed by vacuum (n_dead_tup)
 //	pgdedup_last_vacuum_timestamp_seconds          last manual vacuum, Unix time (absent if never)
 //	pgdedup_last_autovacuum_timestamp_seconds      last autovacuum, Unix time (absent if never)
+//	pgdedup_partition_runway_seconds               seconds until claims find no partition (partitioned layout only)
 //
-// On a Citus-distributed table the sizes are the shards' total; the dead
-// tuples read 0 and the vacuum and per-index series are absent (Stats leaves
-// them empty: the shards are vacuumed on the workers).
+// On a Citus-distributed table the sizes are the shards' total. The dead
+// tuples read 0 and the vacuum and per-index series are absent. Stats leaves
+// them empty because the shards are vacuumed on the workers.
 package pgdedupprom
 
 import (
@@ -46,13 +47,8 @@ type Options struct {
 	Timeout time.Duration
 
 	// MaxAge lets a scrape reuse a read younger than this instead of counting
-	// the table again: Stats reads every row (one sequential scan), which
-	// takes seconds on tens of millions, and every Prometheus server that
-	// scrapes the service (two, in a highly available pair) would start one.
-	// The values then lag by up to MaxAge, which the alerts this collector
-	// serves (expired rows piling up over many minutes, a table growing over
-	// hours) do not notice. Defaults to [DefaultMaxAge]; a negative MaxAge
-	// reads on every scrape.
+	// the table again, so the values lag by up to MaxAge. A negative MaxAge
+	// reads on every scrape. Defaults to [DefaultMaxAge].
 	MaxAge time.Duration
 
 	// Logger receives a warning for each failed read. Defaults to discarding.
@@ -61,12 +57,17 @@ type Options struct {
 
 const defaultTimeout = 10 * time.Second
 
-// DefaultMaxAge is [Options.MaxAge] when left zero: one read of the table a
-// minute, however often and by however many servers it is scraped.
+// DefaultMaxAge is [Options.MaxAge] when left zero. The table is read once a
+// minute, however often and by however many servers it is scraped. Stats
+// reads every row in one sequential scan, which takes seconds on tens of
+// millions, and every Prometheus server that scrapes the service (two, in a
+// highly available pair) would start one. The alerts this collector serves
+// (expired rows piling up over many minutes, a table growing over hours) do
+// not notice a minute's lag.
 const DefaultMaxAge = time.Minute
 
 // Collector is a [prometheus.Collector] of a Store's table stats. It is safe
-// for concurrent use: scrapes read one at a time, and with Options.MaxAge a
+// for concurrent use. Scrapes read one at a time, and with Options.MaxAge a
 // scrape that waited for another's read reuses it.
 type Collector struct {
 	store *pgdedup.Store
@@ -90,7 +91,7 @@ func NewCollector(store *pgdedup.Store, opts Options) *Collector {
 	if opts.MaxAge == 0 {
 		opts.MaxAge = DefaultMaxAge
 	}
-	table := prometheus.Labels{"table": strings.ReplaceAll(store.Table(), `"`, "")} // Config.Table names are plain identifiers: no quotes inside
+	table := prometheus.Labels{"table": strings.ReplaceAll(store.Table(), `"`, "")} // Config.Table names are plain identifiers, with no quotes inside
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("pgdedup_"+name, help, labels, table)
 	}
@@ -140,7 +141,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if st.PartitionRunway != nil {
-		// From now, not from the read's time: a reused read stays right.
+		// From now, not from the read's time, so a reused read stays right.
 		end := st.Now.Add(*st.PartitionRunway)
 		ch <- prometheus.MustNewConstMetric(c.runway, prometheus.GaugeValue, max(time.Until(end), 0).Seconds())
 	}

@@ -24,8 +24,8 @@ import (
 var perConsumer = []string{"pgdedup_stats_up", "pgdedup_rows", "pgdedup_expired_rows",
 	"pgdedup_oldest_processed_timestamp_seconds", "pgdedup_next_expiry_timestamp_seconds"}
 
-// The exported numbers are the table's: rows written by Process and by hand,
-// then what a Cleanup left.
+// The exported numbers are the table's, first with rows written by Process and
+// by hand, then with what a Cleanup left.
 func TestCollectorExportsTheTable(t *testing.T) {
 	t.Parallel()
 	db := pgdeduptest.New(t)
@@ -46,7 +46,7 @@ pgdedup_stats_up{table="processed_messages"} 1
 		t.Errorf("empty table: %v", err)
 	}
 
-	// billing: 3 rows of which 1 expired; emails: 2 rows, both expired.
+	// billing has 3 rows of which 1 expired, and emails 2 rows, both expired.
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, expires_at) VALUES
 	('billing', 'a', '2026-01-01T00:00:00Z', '2000-01-01T00:00:00Z'),
 	('billing', 'b', '2026-01-02T00:00:00Z', '2999-01-01T00:00:00Z'),
@@ -165,7 +165,7 @@ SELECT 'billing', 'm' || g, now() - interval '1 minute' FROM generate_series(1, 
 	}
 }
 
-// A read that fails is pgdedup_stats_up 0, logged, and nothing else; the
+// A read that fails is pgdedup_stats_up 0, logged, and nothing else. The
 // scrape itself succeeds.
 func TestCollectorReportsAFailedRead(t *testing.T) {
 	t.Parallel()
@@ -188,7 +188,7 @@ pgdedup_stats_up{table="ops.nowhere"} 0
 	}
 }
 
-// With MaxAge, scrapes within it reuse the last read; a negative MaxAge
+// With MaxAge, scrapes within it reuse the last read. A negative MaxAge
 // reads on every scrape.
 func TestCollectorMaxAgeReusesARead(t *testing.T) {
 	t.Parallel()
@@ -215,8 +215,8 @@ func TestCollectorMaxAgeReusesARead(t *testing.T) {
 	}
 }
 
-// The default reuses a read: one scan of the table per DefaultMaxAge however
-// many scrapes, counted on the wire.
+// The default reuses a read, so there is one scan of the table per
+// DefaultMaxAge however many scrapes, counted on the wire.
 func TestCollectorDefaultMaxAgeReadsOnce(t *testing.T) {
 	t.Parallel()
 	db := pgdeduptest.New(t)
@@ -241,14 +241,14 @@ func TestCollectorDefaultMaxAgeReadsOnce(t *testing.T) {
 	for range scrapes {
 		_ = gather(t, c)
 	}
-	// One read per DefaultMaxAge begun: 1 unless this machine took a minute
-	// for the scrapes, so the bound holds however slow it is.
+	// There is one read per DefaultMaxAge begun. That is 1 unless this machine
+	// took a minute for the scrapes, so the bound holds however slow it is.
 	if got, most := reads.n.Load(), int64(time.Since(start)/pgdedupprom.DefaultMaxAge)+1; got < 1 || got > most {
 		t.Errorf("%d scrapes read the table %d times, want at most %d", scrapes, got, most)
 	}
 }
 
-// statsReads counts the queries that read the table's consumers: one per
+// statsReads counts the queries that read the table's consumers, one per
 // Store.Stats.
 type statsReads struct{ n atomic.Int64 }
 
@@ -280,14 +280,14 @@ func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
 }
 
 // On the partitioned layout the runway is the time until claims would find
-// no partition: a few spans ahead after Setup, and it falls while no cleaner
-// runs.
+// no partition. It is a few spans ahead after Setup, and it falls while no
+// cleaner runs.
 func TestCollectorExportsTheRunway(t *testing.T) {
 	t.Parallel()
 	db := pgdeduptest.New(t)
 	ctx := context.Background()
 	span := 2 * time.Second
-	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Retention: 12 * span, Layout: pgdedup.Partitioned})
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Retention: 12 * span, Layout: pgdedup.LayoutPartitioned})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // A service registers the collector next to its own metrics and serves them
-// with promhttp.Handler(); here the registry is read back directly.
+// with promhttp.Handler(). Here the registry is read back directly.
 func ExampleNewCollector() {
 	pool, done := pgdeduptest.ForExample()
 	defer done()

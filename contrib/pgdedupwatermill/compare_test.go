@@ -23,7 +23,7 @@ import (
 // watermill-amqp. Each gets every order once plus a redelivery of a few with
 // the same UUID. The Deduplicator recorded each failed message's key before
 // its handler ran, so the redelivery is taken for a duplicate, acked and
-// dropped: those orders are never charged. pgdedupwatermill recorded nothing
+// dropped, so those orders are never charged. pgdedupwatermill recorded nothing
 // for the failure (its transaction rolled back), so the redelivery charges.
 func TestDeduplicatorComparedOnFailures(t *testing.T) {
 	const orders = 40
@@ -79,7 +79,7 @@ func TestDeduplicatorComparedOnFailures(t *testing.T) {
 					_, err := tx.Exec(ctx, sql, args...)
 					return err
 				}
-			} else { // the Deduplicator gives no transaction: a plain write
+			} else { // the Deduplicator gives no transaction, so a plain write
 				exec = func(ctx context.Context, sql string, args ...any) error {
 					_, err := db.Pool.Exec(ctx, sql, args...)
 					return err

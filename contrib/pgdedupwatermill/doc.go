@@ -1,7 +1,7 @@
 // Package pgdedupwatermill makes Watermill handlers run exactly once per
-// message: [Deduplicator.Middleware] runs each handler inside
+// message. [Deduplicator.Middleware] runs each handler inside
 // [pgdedup.Store.Process], in one PostgreSQL transaction with the claim of the
-// message's ID, and the handler reaches that transaction through [Tx] on
+// message's ID. The handler reaches that transaction through [Tx] on
 // msg.Context().
 //
 //	dedup, err := pgdedupwatermill.New(store, pgdedupwatermill.Config{})
@@ -14,12 +14,12 @@
 //
 // The router acks a message after its handler returns nil, which is after
 // COMMIT, and nacks it when the handler returns an error, which rolled the
-// transaction back and left the ID unclaimed: the redelivery runs the handler
-// again. A duplicate (the ID committed before) is acked without running the
-// handler.
+// transaction back and left the ID unclaimed, so the redelivery runs the
+// handler again. A duplicate (the ID committed before) is acked without running
+// the handler.
 //
 // It is the durable replacement for Watermill's middleware.Deduplicator, which
 // keeps keys in the memory of one process and records a key before the
-// handler runs: a message whose handler failed is dropped as a duplicate when
+// handler runs. A message whose handler failed is dropped as a duplicate when
 // it is redelivered, and another process or a restart sees none of the keys.
 package pgdedupwatermill

@@ -16,7 +16,7 @@ import (
 
 // A router whose handler charges each order in the message's transaction.
 // The same message sent twice charges once. (Watermill's in-process
-// gochannel Pub/Sub keeps the example short; the tests use RabbitMQ.)
+// gochannel Pub/Sub keeps the example short. The tests use RabbitMQ.)
 func ExampleDeduplicator_Middleware() {
 	pool, done := pgdeduptest.ForExample()
 	defer done()

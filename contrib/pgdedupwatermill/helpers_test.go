@@ -109,7 +109,7 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	}
 }
 
-// proc is a consumer process: the test binary re-executed (see TestMain).
+// proc is a consumer process, the test binary re-executed (see TestMain).
 type proc struct {
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -154,7 +154,7 @@ func (p *proc) read(r io.Reader) {
 	}
 }
 
-// kill sends SIGKILL: no ack, no rollback, no deferred function runs.
+// kill sends SIGKILL, so no ack, no rollback and no deferred function runs.
 func (p *proc) kill() { _ = p.cmd.Process.Kill(); <-p.done }
 
 // stop asks for a clean exit (the router closes, in-flight handlers finish).

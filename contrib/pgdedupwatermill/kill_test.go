@@ -33,8 +33,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// consume is a consumer process of TestKilledConsumersChargeEachOrderOnce:
-// a Watermill router on watermill-amqp whose handler charges an order in the
+// consume is a consumer process of TestKilledConsumersChargeEachOrderOnce. It
+// is a Watermill router on watermill-amqp whose handler charges an order in the
 // pgdedup transaction and fails after its INSERT on FAIL_PERCENT of the
 // deliveries. It prints one line per delivery with its outcome and runs until
 // SIGINT (or SIGKILL).
@@ -70,7 +70,7 @@ func consume() error {
 			return err
 		}
 		if rand.IntN(100) < failPercent {
-			return errors.New("payment provider timed out") // after the INSERT: rolled back, nacked
+			return errors.New("payment provider timed out") // after the INSERT, so rolled back and nacked
 		}
 		return nil
 	})
@@ -102,7 +102,7 @@ func subscriberFor(url string) message.Subscriber { return subscriber(nil, url) 
 // (a new message UUID, the same order_id metadata), consumes them with three
 // consumer processes whose handler fails a tenth of its deliveries after its
 // INSERT, SIGKILLs consumers mid-run and starts replacements. Once the queue
-// has drained: every order charged exactly once, none dropped.
+// has drained, every order is charged exactly once and none is dropped.
 func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	const (
 		orders    = 600
@@ -146,7 +146,7 @@ func TestKilledConsumersChargeEachOrderOnce(t *testing.T) {
 	for _, p := range running {
 		p.stop(t)
 	}
-	// A last consumer drains what the others left: duplicates, nacked ones.
+	// A last consumer drains what the others left, duplicates and nacked ones.
 	last := startConsumer(t, env...)
 	all = append(all, last)
 	waitFor(t, ctx, "the queue to drain", func() bool { return waiting() == 0 })

@@ -13,7 +13,7 @@ import (
 
 // ErrNoKey is returned, wrapped with the metadata key's name, for a message
 // without the metadata field that [Config.MetadataKey] names (or with an empty
-// one). The message is nacked; route such messages to a poison queue
+// one). The message is nacked. Route such messages to a poison queue
 // (Watermill's middleware.PoisonQueueWithFilter with [Poison]) rather than
 // redelivering them forever.
 var ErrNoKey = errors.New("pgdedupwatermill: message has no ID in its metadata")
@@ -21,10 +21,9 @@ var ErrNoKey = errors.New("pgdedupwatermill: message has no ID in its metadata")
 // Config configures a [Deduplicator].
 type Config struct {
 	// MetadataKey names the message metadata field whose value is the message's
-	// ID, for producers that set a business ID (an order ID) there: two
-	// messages with the same value are the same message. Defaults to "": the ID
-	// is the Watermill message UUID, which a redelivery keeps but a producer's
-	// retry that builds a new message does not.
+	// ID, for producers that set a business ID (an order ID) there. Left empty,
+	// the ID is the Watermill message UUID, which a redelivery keeps but a
+	// producer's retry that builds a new message does not. Defaults to "".
 	MetadataKey string
 }
 
@@ -44,8 +43,8 @@ func New(store *pgdedup.Store, cfg Config) (*Deduplicator, error) {
 	return &Deduplicator{store: store, cfg: cfg}, nil
 }
 
-// Key returns the ID msg is deduplicated by: its UUID, or the metadata field
-// Config.MetadataKey names ([ErrNoKey] if that is missing).
+// Key returns the ID msg is deduplicated by. That is its UUID, or the
+// metadata field Config.MetadataKey names ([ErrNoKey] if that is missing).
 func (d *Deduplicator) Key(msg *message.Message) (string, error) {
 	if d.cfg.MetadataKey == "" {
 		return msg.UUID, nil
@@ -56,7 +55,7 @@ func (d *Deduplicator) Key(msg *message.Message) (string, error) {
 	return "", fmt.Errorf("%w: %q", ErrNoKey, d.cfg.MetadataKey)
 }
 
-// Middleware is a message.HandlerMiddleware: add it to a router
+// Middleware is a message.HandlerMiddleware. Add it to a router
 // (router.AddMiddleware) or to one handler (handler.AddMiddleware).
 //
 // It runs h in a transaction that claims the message's ID, with msg's context
@@ -65,17 +64,18 @@ func (d *Deduplicator) Key(msg *message.Message) (string, error) {
 // publish. If h returns an error (or panics), the transaction rolls back and
 // the error is returned, so the router nacks the message and its redelivery
 // runs h again. A message whose ID committed before returns no error and no
-// messages, without running h: the router acks it.
+// messages, without running h, so the router acks it.
 //
 // Messages h returns are published by the router after COMMIT and are lost if
 // the process dies in between, since the redelivery is then a duplicate.
-// Publish what must not be lost from inside the transaction instead: an
-// outbox (watermill-sql's publisher on the transaction, or River's InsertTx).
+// Publish what must not be lost from inside the transaction instead, through
+// an outbox such as watermill-sql's publisher on the transaction or River's
+// InsertTx.
 //
 // An invalid ID (see [pgdedup.ErrInvalidMessageID]) and a missing metadata
 // key ([ErrNoKey]) are returned as errors, so the message is nacked. With
 // pgdedup.Config.LockTimeout set, a message whose ID another transaction holds
-// gets [pgdedup.ErrInFlight]: nacked and redelivered later.
+// gets [pgdedup.ErrInFlight]. It is nacked and redelivered later.
 func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		id, err := d.Key(msg)
@@ -101,20 +101,22 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 type txKey struct{}
 
 // Poison reports whether err, returned by [Deduplicator.Middleware], is one
-// no redelivery can cure: [pgdedup.ActionFor] answers
-// [pgdedup.ActionDeadLetter] for it. That is [ErrNoKey], an invalid ID, and
-// the handler's own errors unless they wrap a condition a retry cures. Pass
-// it to Watermill's middleware.PoisonQueueWithFilter, added before the
-// Deduplicator: a lost connection, [pgdedup.ErrInFlight], a timeout or a
-// shutdown are then nacked and redelivered, the rest go to the poison queue.
+// no redelivery can cure, that is, one [pgdedup.ActionFor] answers
+// [pgdedup.ActionDeadLetter] for. Such errors are [ErrNoKey], an invalid ID,
+// and the handler's own errors unless they wrap a condition a retry cures.
+// Pass it to Watermill's middleware.PoisonQueueWithFilter, added before the
+// Deduplicator. A lost connection, [pgdedup.ErrInFlight], a timeout or a
+// shutdown are then nacked and redelivered, and the rest go to the poison
+// queue.
 func Poison(err error) bool {
 	return pgdedup.ActionFor(err) == pgdedup.ActionDeadLetter
 }
 
 // Tx returns the transaction [Deduplicator.Middleware] runs the handler in,
-// from msg.Context(). Write the message's business rows in it; they commit
-// with the message's ID. Do not commit or roll it back: the middleware does,
-// after the handler returns (use tx.Begin for a savepoint). Outside the
+// from msg.Context(). Write the message's business rows in it, and they
+// commit with the message's ID. Do not commit or roll it back, because the
+// middleware does so after the handler returns (use tx.Begin for a
+// savepoint). Outside the
 // middleware Tx returns nil.
 func Tx(ctx context.Context) pgx.Tx {
 	tx, _ := ctx.Value(txKey{}).(pgx.Tx)

@@ -28,7 +28,7 @@ func newDedup(t *testing.T, cfg pgdedupwatermill.Config) (*pgdeduptest.DB, *pgde
 	return db, d
 }
 
-// charge is a handler writing in the middleware's transaction; it counts its
+// charge is a handler writing in the middleware's transaction. It counts its
 // runs and fails while fail is set.
 func charge(runs *int, fail *error) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
@@ -82,7 +82,7 @@ func TestMetadataKey(t *testing.T) {
 	var runs int
 	var fail error
 	h := d.Middleware(charge(&runs, &fail))
-	for _, uuid := range []string{"m-1", "m-2"} { // a producer's retry: new UUID, same order
+	for _, uuid := range []string{"m-1", "m-2"} { // a producer's retry, with a new UUID and the same order
 		msg := message.NewMessage(uuid, nil)
 		msg.Metadata.Set("order_id", "order-7")
 		if _, err := h(msg); err != nil {
@@ -112,7 +112,7 @@ func TestInvalidIDIsAnError(t *testing.T) {
 
 // Poison sends to the poison queue what can never succeed (no key, an
 // invalid ID, the handler's own error), and leaves to redelivery what a
-// retry cures: a statement timeout in the handler, an ID in flight.
+// retry cures, such as a statement timeout in the handler or an ID in flight.
 func TestPoisonFollowsActionFor(t *testing.T) {
 	t.Parallel()
 	db := pgdeduptest.New(t)

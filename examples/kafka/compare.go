@@ -169,7 +169,7 @@ func runScenario(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, 
 	errs := make([]error, len(next))
 	for p := range next {
 		wg.Go(func() {
-			part := pgdedup.Partition{Topic: sc.topic, Partition: int32(p)}
+			part := pgdedup.TopicPartition{Topic: sc.topic, Partition: int32(p)}
 			for done := 0; done < perPartition && errs[p] == nil; {
 				n := min(sc.perTx, perPartition-done)
 				offsets := make([]int64, n)

@@ -234,7 +234,7 @@ func (c *consumer) process(ctx context.Context, fetches kgo.Fetches) {
 // fresh records and advances the partition's offset.
 func (c *consumer) handle(ctx context.Context, topic string, partition int32, recs []*kgo.Record) error {
 	start := time.Now()
-	p := pgdedup.Partition{Topic: topic, Partition: partition, Generation: c.generation(topic, partition)}
+	p := pgdedup.TopicPartition{Topic: topic, Partition: partition, Generation: c.generation(topic, partition)}
 	offsets := make([]int64, len(recs))
 	byOffset := make(map[int64]record, len(recs))
 	for i, r := range recs {

@@ -118,7 +118,7 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 	// recognised; without one, identical bodies are taken as the same order.
 	id := d.MessageId
 	if id == "" {
-		id = pgdedup.ContentKey(d.Body)
+		id = pgdedup.MessageIDFromContent(d.Body)
 	}
 	log := c.cfg.Log.With("message_id", id, "redelivered", d.Redelivered)
 	order, err := shop.DecodeOrder(d.Body)

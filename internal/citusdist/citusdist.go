@@ -13,36 +13,37 @@ import (
 
 // Columns are the columns the dedup table can be distributed by.
 //
-// message_id (the default) co-locates the claim with business rows keyed by
-// the message ID, and puts the claims of every consumer of one message on one
-// shard; Citus requires the distribution column in the primary key, so the
-// primary key becomes (message_id, key), unique exactly when key is (key is a
-// function of consumer and message_id). key co-locates it with business rows
-// that store pgdedup.Key(consumer, id), and keeps the primary key as it is.
+// message_id (the default) co-locates the claim with business rows keyed by the
+// message ID, and puts the claims of every consumer of one message on one
+// shard. Citus requires the distribution column in the primary key, so the
+// primary key becomes (message_id, key). It is unique exactly when key is,
+// because key is a function of consumer and message_id. key co-locates it with
+// business rows that store pgdedup.Key(consumer, id), and keeps the primary key
+// as it is.
 var Columns = []string{"message_id", "key"}
 
 // Colocated is a business table to distribute by Column, co-located with the
-// dedup table: Column holds what the dedup table's distribution column holds.
+// dedup table. Column holds what the dedup table's distribution column holds.
 type Colocated struct {
 	Table  string // quoted, possibly schema-qualified
 	Column string // unquoted
 }
 
 // Dedup returns the statements that distribute the dedup table (quoted,
-// possibly schema-qualified) by column, with shards shards (0: the cluster's
-// citus.shard_count), co-located as colocateWith says: "" leaves it to
-// Citus (the default group of its column type and shard count, which holds
-// the business tables distributed the same way), "none" gives it a group of
-// its own. Run them in one transaction on the coordinator, before
-// consumers start, and then Colocate's for the business tables. They are plain
-// SQL, for --sql.
+// possibly schema-qualified) by column, with shards shards. Zero shards means
+// the cluster's citus.shard_count. The table is co-located as colocateWith
+// says. An empty colocateWith leaves it to Citus, which picks the default
+// group of its column type and shard count, the group that holds the business
+// tables distributed the same way. "none" gives it a group of its own. Run the
+// statements in one transaction on the coordinator, before consumers start,
+// and then Colocate's for the business tables. They are plain SQL, for --sql.
 //
 // The insert trigger of migration 00003 fills key for writers that predate
-// it (and for raw SQL that leaves key out). By message_id it is kept:
+// it (and for raw SQL that leaves key out). By message_id it is kept, and
 // citus.enable_unsafe_triggers lets Citus create it on every shard, where it
-// computes the row's key from the row alone. By key it is dropped: Citus
-// routes an insert by its key before any trigger could fill it, so every
-// writer must pass the key (every Store does).
+// computes the row's key from the row alone. By key it is dropped, because
+// Citus routes an insert by its key before any trigger could fill it. Every
+// writer must then pass the key, as every Store does.
 func Dedup(table, column string, shards int, colocateWith string) ([]string, error) {
 	if column != "message_id" && column != "key" {
 		return nil, fmt.Errorf("cannot distribute by %q: want message_id or key", column)
@@ -52,9 +53,9 @@ func Dedup(table, column string, shards int, colocateWith string) ([]string, err
 	if column == "key" {
 		stmts = append(stmts, fmt.Sprintf("DROP TRIGGER IF EXISTS processed_messages_fill_key ON %s;", table))
 	} else {
-		// The primary key must contain the distribution column: (key) becomes
-		// (message_id, key). A table still keyed by (consumer, message_id)
-		// contains it already.
+		// The primary key must contain the distribution column, so (key)
+		// becomes (message_id, key). A table still keyed by (consumer,
+		// message_id) contains it already.
 		body := fmt.Sprintf(`
 DECLARE pk name;
 BEGIN
@@ -89,7 +90,7 @@ func Colocate(dedup string, c Colocated) string {
 func QuoteName(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
 
 // dollarQuote quotes body as a dollar-quoted string whose tag body does not
-// contain: a table name may contain $ ("x$$"), which would end a plain $$
+// contain. A table name may contain $ ("x$$"), which would end a plain $$
 // quote early.
 func dollarQuote(body string) string {
 	tag := "$pgdedup$"

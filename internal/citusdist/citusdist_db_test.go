@@ -11,8 +11,8 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// A table name may contain $, which must not end the DO block's quote early:
-// the statements run as generated on a table named so, and re-key its primary
+// A table name may contain $, which must not end the DO block's quote early.
+// The statements run as generated on a table named so, and re-key its primary
 // key (on plain PostgreSQL, without the Citus call itself).
 func TestDedupStatementsRunOnTableNamesWithDollars(t *testing.T) {
 	t.Parallel()

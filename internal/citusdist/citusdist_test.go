@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// The statements differ by column as docs/citus.md says: by message_id the
-// trigger is kept (unsafe triggers allowed) and the primary key re-keyed; by
-// key the trigger is dropped; anything else is refused before any SQL.
+// The statements differ by column as docs/citus.md says. By message_id the
+// trigger is kept (unsafe triggers allowed) and the primary key re-keyed. By
+// key the trigger is dropped. Anything else is refused before any SQL.
 func TestDedupStatements(t *testing.T) {
 	byID, err := Dedup(`"ops"."processed_messages"`, "message_id", 8, "")
 	if err != nil {

@@ -128,7 +128,7 @@ WHERE logicalrelid = to_regclass($1)`, tb.name).Scan(&current)
 					return fmt.Errorf("%s: %w", strings.TrimSuffix(q, ";"), withDetail(err))
 				}
 			}
-			// Rows that were in the table were copied into the shards; the
+			// Rows that were in the table were copied into the shards. The
 			// coordinator's copies are now invisible dead weight.
 			if _, err := tx.Exec(ctx, `SELECT truncate_local_data_after_distributing_table($1)`, tb.name); err != nil {
 				return fmt.Errorf("truncate the local copy of %s: %w", tb.name, err)

@@ -43,9 +43,10 @@ Examples:
 // cleanupJSON is the --json output of cleanup.
 type cleanupJSON struct {
 	Table   string  `json:"table"`
-	Deleted int64   `json:"deleted_rows"` // partitioned: the dropped partitions' rows, estimated
+	Deleted int64   `json:"deleted_rows"` // on a partitioned table, the dropped partitions' rows, estimated
 	Seconds float64 `json:"seconds"`
-	// The partitions created and dropped: null on a plain table.
+	// Created and Dropped are the partitions created and dropped. They are null
+	// on a plain table.
 	Created []pgdedup.PartitionSpan `json:"created_partitions"`
 	Dropped []pgdedup.PartitionSpan `json:"dropped_partitions"`
 }
@@ -83,11 +84,11 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	var run pgdedup.Event // the run's EventCleanup: the partitions it created and dropped
+	var run pgdedup.Event // the run's EventCleanup, with the partitions it created and dropped
 	store, conn, code := c.openStore(ctx, pgdedup.Config{
 		CleanupBatchSize: *batch,
 		Retention:        *retention,
-		CleanupTurnWait:  max(*turnWait, time.Nanosecond), // 0: one try, and fail without the turn
+		CleanupTurnWait:  max(*turnWait, time.Nanosecond), // 0 means one try, failing without the turn
 		Logger:           logger,
 		OnEvent: func(_ context.Context, e pgdedup.Event) {
 			if e.Kind == pgdedup.EventCleanup {
@@ -104,7 +105,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		var expired int64
 		var partitioned bool
 		err := conn.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = $1::regclass`, store.Table()).Scan(&partitioned)
-		if err == nil { // (in a statement of its own: Citus refuses a subquery beside a distributed table's count)
+		if err == nil { // in a statement of its own, because Citus refuses a subquery beside a distributed table's count
 			err = conn.QueryRow(ctx, `SELECT count(*) FROM `+store.Table()+` WHERE expires_at < now()`).Scan(&expired)
 		}
 		if err != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// --dry-run counts and deletes nothing; cleanup deletes the expired rows of
+// --dry-run counts and deletes nothing. cleanup deletes the expired rows of
 // every consumer, in batches of --batch, and only those.
 func TestCleanupCommand(t *testing.T) {
 	t.Parallel()
@@ -37,7 +37,7 @@ func TestCleanupCommand(t *testing.T) {
 		t.Errorf("cleanup: %s", r)
 	}
 	// On Citus, Cleanup deletes by windows of expires_at, each of at most
-	// --batch rows: at least 3 of them.
+	// --batch rows, so there are at least 3 of them.
 	if n := strings.Count(r.stderr, `msg="pgdedup: cleanup batch"`); n != 3 && (pgtest.CitusColumn() == "" || n < 3) {
 		t.Errorf("--verbose logged %d batches, want 3:\n%s", n, r.stderr)
 	}
@@ -74,7 +74,7 @@ func TestCleanupCommandBadInput(t *testing.T) {
 }
 
 // A bad flag is reported with the command's prefix, the flag as written
-// (--name), and why: a duration's missing unit above all.
+// (--name), and why, above all a duration's missing unit.
 func TestFlagErrors(t *testing.T) {
 	t.Parallel()
 	nowhere := "postgres://app@127.0.0.1:1/app"
@@ -134,8 +134,8 @@ func TestCleanupHelpListsTheFlags(t *testing.T) {
 }
 
 // A session that holds the cleaners' advisory lock does not make cleanup print
-// "deleted 0" and exit 0: it waits --turn-wait, then exits 1 naming the
-// session; with --turn-wait 0 it tries once and fails the same way.
+// "deleted 0" and exit 0. It waits --turn-wait, then exits 1 naming the
+// session. With --turn-wait 0 it tries once and fails the same way.
 func TestCleanupCommandStarved(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -146,8 +146,9 @@ func TestCleanupCommandStarved(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Close(ctx)
-	// Inside an open transaction: behind PgBouncer in transaction pooling, a
-	// session lock would go back to the pool with its server connection.
+	// The lock is taken inside an open transaction. Behind PgBouncer in
+	// transaction pooling, a session lock would go back to the pool with its
+	// server connection.
 	if _, err := holder.Exec(ctx, `BEGIN`); err != nil {
 		t.Fatal(err)
 	}
@@ -172,11 +173,11 @@ func TestCleanupCommandStarved(t *testing.T) {
 	}
 }
 
-// On a partitioned table, cleanup prints each partition it dropped and
-// created, with its span, in text and in JSON. An old empty partition goes
-// (attached by hand here, years past: the CLI keeps the default Retention,
-// 48h, past a partition's end); the newest is dropped by hand, so that
-// cleanup creates it again.
+// On a partitioned table, cleanup prints each partition it dropped and created,
+// with its span, in text and in JSON. An old empty partition is dropped. The
+// test attaches it by hand, years past, because the CLI keeps the default
+// Retention, 48h, past a partition's end. The newest is dropped by hand, so
+// that cleanup creates it again.
 func TestCleanupCommandPartitioned(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -230,8 +231,8 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 DESC LIMIT 1`).Sca
 	}
 }
 
-// cleanup --retention: on a partitioned table, a partition is dropped only
-// once it ended that long ago (the consumers' Retention); the default, 48 h,
+// With cleanup --retention, a partition of a partitioned table is dropped only
+// once it ended that long ago (the consumers' Retention). The default, 48 h,
 // keeps a partition that ended 2 hours ago, and --retention 1h drops it (a
 // dry run says so and drops nothing). A --retention below the minimum is
 // refused before connecting.
@@ -266,7 +267,7 @@ func TestCleanupCommandRetention(t *testing.T) {
 // made Partitioned (Retention 1 h, 12 partitions).
 func partitionedStore(t *testing.T, db *pgtest.DB) *pgdedup.Store {
 	t.Helper()
-	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.Partitioned, Retention: time.Hour, Partitions: 12})
+	store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: pgdedup.LayoutPartitioned, Retention: time.Hour, Partitions: 12})
 	if err != nil {
 		t.Fatal(err)
 	}

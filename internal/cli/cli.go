@@ -1,5 +1,5 @@
 // Package cli implements the pgdedup command. Each subcommand lives in a file
-// of its own; Main dispatches to them and returns the process exit code.
+// of its own. Main dispatches to them and returns the process exit code.
 package cli
 
 import (
@@ -42,7 +42,8 @@ Run "pgdedup <command> --help" for a command's flags and examples.
 `
 
 // Main runs the pgdedup command with args (without the program name) and
-// returns the exit code: 0 on success, 1 on failure, 2 on bad usage.
+// returns the exit code, which is 0 on success, 1 on failure and 2 on bad
+// usage.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)

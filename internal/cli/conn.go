@@ -27,8 +27,8 @@ const (
 
 const defaultConnectTimeout = 10 * time.Second
 
-// command is one run of a subcommand: where it writes, and what it must never
-// write (the passwords of the database URL).
+// command is one run of a subcommand. It holds where it writes, and what it
+// must never write (the passwords of the database URL).
 type command struct {
 	name           string // "cleanup", "migrate", …
 	help           string // printed by --help and after a usage error
@@ -44,7 +44,7 @@ func newCommand(name, help string, stdout, stderr io.Writer) *command {
 
 // flags returns the subcommand's flag set with --database-url, and --table
 // when withTable is set. Each flag's usage text is what --help shows for it
-// (see flagHelp): a word in backquotes names its value.
+// (see flagHelp). A word in backquotes names its value.
 func (c *command) flags(withTable bool) *flag.FlagSet {
 	fs := flag.NewFlagSet("pgdedup "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // parse reports errors, in the CLI's words
@@ -61,8 +61,8 @@ func (c *command) flags(withTable bool) *flag.FlagSet {
 const flagsMarker = "{{flags}}"
 
 // flagHelp lists fs's flags as --help shows them, generated from their
-// definitions so that help and flags cannot drift apart: one flag a line, its
-// text wrapped at 80 columns.
+// definitions so that help and flags cannot drift apart. It puts one flag on a
+// line, its text wrapped at 80 columns.
 func flagHelp(fs *flag.FlagSet) string {
 	type row struct{ arg, usage string }
 	var rows []row
@@ -101,8 +101,8 @@ func flagHelp(fs *flag.FlagSet) string {
 
 // parse parses args, allowing flags before and after the positional arguments
 // ("migrate up --database-url …"), and returns the positional ones. When it
-// returns ok false, the caller exits with code: 0 after --help, 2 after a
-// usage error, both already reported.
+// returns ok false, the caller exits with code, which is 0 after --help and 2
+// after a usage error, both already reported.
 func (c *command) parse(fs *flag.FlagSet, args []string) (positional []string, code int, ok bool) {
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -121,7 +121,7 @@ func (c *command) parse(fs *flag.FlagSet, args []string) (positional []string, c
 }
 
 // parseArgs is parse for a command that takes exactly n positional
-// arguments (0 or 1): fewer is the usage error missing, more is an
+// arguments (0 or 1). Fewer is the usage error missing, and more is an
 // unexpected argument.
 func (c *command) parseArgs(fs *flag.FlagSet, args []string, n int, missing string) (positional []string, code int, ok bool) {
 	positional, code, ok = c.parse(fs, args)
@@ -137,8 +137,8 @@ func (c *command) parseArgs(fs *flag.FlagSet, args []string, n int, missing stri
 }
 
 // fail reports err, without any password, and returns the failure exit code.
-// The library's "pgdedup: " prefixes are dropped: the line starts with the
-// command's name already.
+// The library's "pgdedup: " prefixes are dropped, because the line starts
+// with the command's name already.
 func (c *command) fail(err error) int {
 	msg := strings.ReplaceAll(err.Error(), "pgdedup: ", "")
 	fmt.Fprintf(c.stderr, "pgdedup %s: %s\n", c.name, c.redact(msg))
@@ -154,7 +154,7 @@ func (c *command) usageError(format string, args ...any) int {
 
 // connConfig parses the database URL from --database-url or DATABASE_URL.
 // Unless the URL chooses a query mode, statements are not cached on the server
-// (default_query_exec_mode=exec): the CLI runs a handful of them, and so works
+// (default_query_exec_mode=exec). The CLI runs a handful of them, and so works
 // behind PgBouncer in transaction pooling mode as it is.
 func (c *command) connConfig() (*pgx.ConnConfig, int, error) {
 	raw := c.databaseURL
@@ -179,7 +179,7 @@ func (c *command) connConfig() (*pgx.ConnConfig, int, error) {
 	return cfg, exitOK, nil
 }
 
-// connect opens one connection; on failure it has reported why and returns
+// connect opens one connection. On failure it has reported why and returns
 // the exit code.
 func (c *command) connect(ctx context.Context) (*pgx.Conn, int) {
 	cfg, code, err := c.connConfig()
@@ -221,10 +221,10 @@ func describe(cfg *pgx.ConnConfig) string {
 
 // openStore checks the flags without touching the database, connects, and
 // returns a Store on the connection for the --table flag, with batch rows per
-// Cleanup transaction (0: the default), once it has checked that the table
+// Cleanup transaction (0 for the default), once it has checked that the table
 // exists. The CLI only cleans up and reads, for every consumer, so the
 // consumer name is a placeholder. On failure it has reported why and returns
-// a nil Store and the exit code; otherwise the caller closes conn.
+// a nil Store and the exit code. Otherwise the caller closes conn.
 func (c *command) openStore(ctx context.Context, cfg pgdedup.Config) (*pgdedup.Store, *pgx.Conn, int) {
 	cfg.Consumer = cmp.Or(cfg.Consumer, "pgdedup-cli")
 	cfg.Table = c.table

@@ -33,12 +33,12 @@ func run(t *testing.T, args ...string) result {
 	return result{code, out.String(), errs.String()}
 }
 
-// secret is a password in the URLs of these tests: the test database trusts
+// secret is a password in the URLs of these tests. The test database trusts
 // local connections, so any password connects.
 const secret = "Secr3t-Pw-42"
 
-// withPassword returns db's URL with a password in it, and that password: the
-// URL's own if it has one, else secret.
+// withPassword returns db's URL with a password in it, and that password. It
+// is the URL's own if it has one, else secret.
 func withPassword(t *testing.T, db *pgtest.DB) (string, string) {
 	t.Helper()
 	u, err := url.Parse(db.URL)
@@ -62,8 +62,8 @@ func noPassword(t *testing.T, r result, password string) {
 	}
 }
 
-// A URL that does not parse, a database that does not answer: every command
-// fails with a message saying which, never the password.
+// With a URL that does not parse, or a database that does not answer, every
+// command fails with a message saying which, never the password.
 func TestBadDatabaseURL(t *testing.T) {
 	t.Parallel()
 	commands := [][]string{{"migrate", "up"}, {"migrate", "status"}, {"cleanup"}, {"stats"}}
@@ -120,7 +120,8 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	}
 }
 
-// Without --database-url, DATABASE_URL is used; with neither, a usage error.
+// Without --database-url, DATABASE_URL is used. With neither, it is a usage
+// error.
 func TestDatabaseURLFromEnv(t *testing.T) {
 	db := pgtest.New(t)
 	t.Setenv("DATABASE_URL", db.URL)

@@ -42,7 +42,8 @@ Examples:
 `
 
 // demoLocalURL is the server tried when neither --database-url nor
-// DATABASE_URL is given: the docker-compose service. Tests point it elsewhere.
+// DATABASE_URL is given. It is the docker-compose service, and tests point it
+// elsewhere.
 var demoLocalURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
 
 // demoNoServerHint ends the error when no server can be found.
@@ -51,8 +52,8 @@ const demoNoServerHint = "Start one with `docker compose up -d` in pgdedup's rep
 	"for the demo to start a throwaway cluster."
 
 // demoServer returns the URL of the server the demo runs on when no URL was
-// given: the first that works of a server on localhost:5432 and a throwaway
-// cluster from the local binaries, which release stops and removes.
+// given. It tries a server on localhost (port 5432), then a throwaway cluster
+// from the local binaries, which release stops and removes.
 func demoServer(ctx context.Context, stderr io.Writer) (url string, release func(), err error) {
 	url, name, release, err := pgserver.Choose(ctx, demoNoServerHint,
 		pgserver.Env("DATABASE_URL"), pgserver.Server(demoLocalURL), pgserver.Throwaway())
@@ -93,7 +94,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pgdedup demo: %v\n", err)
 		return 2
 	}
-	// Errors go through the redactor, as every command's do: the URL's
+	// Errors go through the redactor, as every command's do. The URL's
 	// password (a throwaway cluster's too) is never printed, nor the
 	// library's own "pgdedup: " after the command's.
 	c := newCommand("demo", demoUsage, stdout, stderr)
@@ -123,7 +124,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // demoIsTerminal reports whether w is a terminal, where a progress bar that
-// redraws itself helps; in a log file or a pipe it would be noise.
+// redraws itself helps. In a log file or a pipe it would be noise.
 func demoIsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {

@@ -41,7 +41,7 @@ func TestDemoCommandReadsDatabaseURL(t *testing.T) {
 	}
 }
 
-// --help prints flags and examples on stdout and exits 0; bad flags exit 2
+// --help prints flags and examples on stdout and exits 0. Bad flags exit 2
 // before any connection.
 func TestDemoCommandUsage(t *testing.T) {
 	t.Parallel()
@@ -89,7 +89,7 @@ func withNoLocalServer(t *testing.T) {
 }
 
 // A first run on a machine where no server runs but the PostgreSQL binaries
-// are installed: the demo starts a throwaway cluster, says so, runs on it and
+// are installed. The demo starts a throwaway cluster, says so, runs on it and
 // removes it.
 func TestDemoStartsAThrowawayCluster(t *testing.T) {
 	withNoLocalServer(t)
@@ -117,8 +117,8 @@ func TestDemoSaysWhatToDoWithoutAServer(t *testing.T) {
 	}
 }
 
-// The demo's errors pass through the redactor like every command's: one
-// "pgdedup demo:" prefix and never the URL's password.
+// The demo's errors pass through the redactor like every command's. They have
+// one "pgdedup demo:" prefix and never the URL's password.
 func TestDemoErrorsAreRedacted(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr strings.Builder

@@ -10,9 +10,9 @@ import (
 )
 
 // The flag package's errors name flags with one dash ("invalid value "5" for
-// flag -timeout: parse error") and say "parse error" where the reason
-// matters most: a duration without its unit. flagError rewrites them the way
-// the rest of the CLI writes flags, with the reason.
+// flag -timeout: parse error"). They say "parse error" where the reason
+// matters most, as for a duration without its unit. flagError rewrites them
+// the way the rest of the CLI writes flags, with the reason.
 var (
 	invalidValue = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-(\S+): (.*)$`)
 	undefined    = regexp.MustCompile(`^flag provided but not defined: -+(.*)$`)
@@ -62,8 +62,8 @@ func flagError(fs *flag.FlagSet, err error) string {
 	return fmt.Sprintf("--%s %q: %s", name, value, reason)
 }
 
-// durationProblem says what is wrong with value as a duration: most often a
-// number without its unit.
+// durationProblem says what is wrong with value as a duration. Most often it
+// is a number without its unit.
 func durationProblem(value string) string {
 	if _, err := strconv.ParseFloat(value, 64); err == nil {
 		return fmt.Sprintf("%s: missing unit; write %[1]ss, %[1]sm or %[1]sh", value)

@@ -66,9 +66,9 @@ func runForget(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return exitOK
 }
 
-// parseIDs parses lookup's and forget's arguments: flags, then at least one
-// message ID, each checked as pgdedup would before anything is sent, and a
-// --consumer.
+// parseIDs parses lookup's and forget's arguments. They are flags, then at
+// least one message ID, each checked as pgdedup would before anything is
+// sent, and a --consumer.
 func (c *command) parseIDs(fs *flag.FlagSet, args []string, consumer *string) ([]string, int, bool) {
 	ids, code, ok := c.parse(fs, args)
 	switch {

@@ -90,7 +90,7 @@ func runImport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return exitOK
 }
 
-// readImport reads and checks every line of in; now bounds processed_at.
+// readImport reads and checks every line of in. now bounds processed_at.
 func readImport(in io.Reader, retention time.Duration, now time.Time) ([]importRow, error) {
 	r := csv.NewReader(in)
 	r.FieldsPerRecord = -1
@@ -125,7 +125,8 @@ func readImport(in io.Reader, retention time.Duration, now time.Time) ([]importR
 	return rows, nil
 }
 
-// importLine checks one record: message_id,processed_at[,expires_at].
+// importLine checks one record of the form
+// message_id,processed_at[,expires_at].
 func importLine(rec []string, retention time.Duration, now time.Time) (importRow, error) {
 	if len(rec) != 2 && len(rec) != 3 {
 		return importRow{}, fmt.Errorf("%d fields, want message_id,processed_at[,expires_at]", len(rec))
@@ -171,7 +172,8 @@ func writeImport(ctx context.Context, conn *pgx.Conn, table, consumer string, ro
 			for i, r := range part {
 				ids[i] = r.id
 			}
-			// IDs recorded already, in whatever partition: left as they are.
+			// IDs recorded already, in whatever partition, are left as they
+			// are.
 			present := map[string]bool{}
 			found, _ := tx.Query(ctx, `SELECT message_id FROM `+table+` WHERE consumer = $1 AND message_id = ANY ($2::text[])`, consumer, ids)
 			var id string

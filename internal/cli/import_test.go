@@ -26,11 +26,11 @@ func writeFile(t *testing.T, content string) string {
 
 // Imported IDs keep the times given (expires_at defaults to processed_at +
 // --retention), are duplicates for their consumer, and an ID recorded
-// already is left as it is and counted; on a partitioned table the rows go
+// already is left as it is and counted. On a partitioned table the rows go
 // to the partitions of their processed_at.
 func TestImportCommand(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []pgdedup.Layout{pgdedup.Plain, pgdedup.Partitioned} {
+	for _, layout := range []pgdedup.Layout{pgdedup.LayoutPlain, pgdedup.LayoutPartitioned} {
 		db := pgtest.New(t)
 		ctx := context.Background()
 		store, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "billing", Layout: layout, Retention: 2 * time.Hour})
@@ -66,8 +66,8 @@ func TestImportCommand(t *testing.T) {
 		if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'known'`); n != 1 {
 			t.Errorf("%s: %d rows of known, want its own only", layout, n)
 		}
-		// An ID older than every partition: refused, and nothing written.
-		if layout == pgdedup.Partitioned {
+		// An ID older than every partition is refused, and nothing is written.
+		if layout == pgdedup.LayoutPartitioned {
 			file := writeFile(t, "b-1,"+p2.Format(time.RFC3339)+"\nb-2,"+now.Add(-72*time.Hour).Format(time.RFC3339)+"\n")
 			r := run(t, "import", "--consumer", "billing", "--file", file, "--database-url", db.URL)
 			if r.code != 1 || !strings.Contains(r.stderr, "older than the table's oldest partition") || !strings.Contains(r.stderr, "nothing was imported") ||
@@ -78,8 +78,8 @@ func TestImportCommand(t *testing.T) {
 	}
 }
 
-// Every line is checked before connecting (the URL here answers nothing):
-// a bad one fails the import, naming its line.
+// Every line is checked before connecting (the URL here answers nothing). A
+// bad one fails the import, naming its line.
 func TestImportCommandBadInput(t *testing.T) {
 	t.Parallel()
 	nowhere := "postgres://app@127.0.0.1:1/app"

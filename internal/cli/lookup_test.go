@@ -69,7 +69,7 @@ func TestLookupAndForgetCommands(t *testing.T) {
 	}
 }
 
-// Invalid input is a usage error (exit 2) before any connection: the URL
+// Invalid input is a usage error (exit 2) before any connection, and the URL
 // points nowhere. A missing table is a failure (exit 1) that says what to do.
 func TestLookupAndForgetRefuse(t *testing.T) {
 	t.Parallel()

@@ -123,8 +123,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 // applied reads which migrations VersionTable records, and when each was
-// applied, as goose's Provider does (a row per version applied; reverting
-// deletes it), but without its lock: it reads one table and writes nothing.
+// applied, as goose's Provider does (a row per version applied, which
+// reverting deletes). It takes no lock, because it reads one table and writes
+// nothing.
 // A missing table records nothing.
 func applied(ctx context.Context, db *sql.DB) (map[int64]time.Time, error) {
 	var exists bool
@@ -209,7 +210,7 @@ func (c *command) up(ctx context.Context, db *sql.DB, p *goose.Provider) int {
 }
 
 // status lists the migrations. Unlike goose's Status, it creates nothing and
-// takes no lock: it reads the version table as it is, so it answers at once
+// takes no lock. It reads the version table as it is, so it answers at once
 // even while a long migration holds the lock.
 func (c *command) status(ctx context.Context, db *sql.DB) int {
 	versions, err := applied(ctx, db)

@@ -16,14 +16,14 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// loss is what reverting a migration destroys in one table: the whole table,
-// or some of its columns.
+// loss is what reverting a migration destroys in one table, either the whole
+// table or some of its columns.
 type loss struct {
 	table   string   // as the migration writes it, resolved on the search_path
-	columns []string // nil: the table itself is dropped
+	columns []string // nil when the table itself is dropped
 	rows    int64    // rows of the table, or rows with a value in one of the columns
-	absent  bool     // the table (or each column) is not there: nothing to lose
-	derived string   // how the columns' values are computed from others; then nothing is lost
+	absent  bool     // the table (or each column) is not there, so nothing is lost
+	derived string   // how the columns' values are computed from others, so nothing is lost
 }
 
 func (l loss) String() string {
@@ -41,8 +41,8 @@ func (l loss) String() string {
 }
 
 // down reverts the newest applied migration, once it has said what that
-// drops and how much data is there, and only with confirm; when the data is
-// not empty, only with discard too. Everything before the revert only reads.
+// drops and how much data is there, and only with confirm. When the data is
+// not empty, it also needs discard. Everything before the revert only reads.
 func (c *command) down(ctx context.Context, db *sql.DB, p *goose.Provider, confirm, discard bool) int {
 	versions, err := applied(ctx, db)
 	if err != nil {
@@ -113,7 +113,7 @@ func (c *command) down(ctx context.Context, db *sql.DB, p *goose.Provider, confi
 			"need it; to revert anyway, run it again with --confirm --discard-data"))
 	}
 
-	// The counts were read just before: a consumer writing meanwhile adds
+	// The counts were read just before, so a consumer writing meanwhile adds
 	// rows that the revert drops too. Stop consumers before reverting.
 	c.waitNotice(ctx, db)
 	r, err := p.Down(ctx)
@@ -178,8 +178,8 @@ WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped AND a
 	return nil
 }
 
-// dropped is an object a Down section drops that holds no data of its own:
-// an index, a function, a trigger, a constraint.
+// dropped is an object a Down section drops that holds no data of its own,
+// such as an index, a function, a trigger or a constraint.
 type dropped struct {
 	kind     string // "index", "function", "trigger", "constraint"
 	name     string // a function's with its argument types
@@ -197,8 +197,8 @@ func (d dropped) String() string {
 	return d.kind + " " + d.name
 }
 
-// derivedColumns are the columns whose values pgdedup computes from others:
-// dropping them loses nothing, so they do not need --discard-data.
+// derivedColumns are the columns whose values pgdedup computes from others.
+// Dropping them loses nothing, so they do not need --discard-data.
 var derivedColumns = map[string]string{
 	"processed_messages.key": "computed from consumer and message_id",
 }
@@ -226,15 +226,15 @@ var (
 )
 
 // downDrops reads the Down section of a goose migration and returns what its
-// statements drop: the tables and columns (losses, whose data the guard
-// counts), and the indexes, functions, triggers and constraints. It reads
-// every statement of the section, those in a StatementBegin block (a DO
-// block) too, whether a condition guards them or not: the summary says what
-// the revert may drop. An index the section creates itself and drops again
-// is left out. A statement it cannot read that drops or deletes anything is
-// an error, so that a new migration cannot slip past the summary; a test
-// runs each of pgdedup's Down sections on a database and compares the schema
-// before and after with what this returns.
+// statements drop. Those are the tables and columns (losses, whose data the
+// guard counts), and the indexes, functions, triggers and constraints. It
+// reads every statement of the section, those in a StatementBegin block (a DO
+// block) too, whether a condition guards them or not, because the summary
+// says what the revert may drop. An index the section creates itself and
+// drops again is left out. A statement it cannot read that drops or deletes
+// anything is an error, so that a new migration cannot slip past the summary.
+// A test runs each of pgdedup's Down sections on a database and compares the
+// schema before and after with what this returns.
 func downDrops(src string) (losses []loss, others []dropped, err error) {
 	part := ""
 	var body strings.Builder
@@ -251,8 +251,8 @@ func downDrops(src string) (losses []loss, others []dropped, err error) {
 	for _, m := range createIdx.FindAllStringSubmatch(body.String(), -1) {
 		created[m[1]] = true
 	}
-	// Every statement, those inside a DO block too, ends with a semicolon;
-	// what precedes one inside a block (IF … THEN) is ignored by the
+	// Every statement, those inside a DO block too, ends with a semicolon.
+	// What precedes one inside a block (IF … THEN) is ignored by the
 	// patterns, which match up to the semicolon.
 	for _, st := range strings.Split(body.String(), ";") {
 		s := strings.Join(strings.Fields(st), " ")

@@ -15,7 +15,7 @@ import (
 )
 
 // What reverting each of pgdedup's migrations drops, as downDrops reads it
-// from their Down sections. A new migration is read too: one whose Down
+// from their Down sections. A new migration is read too, and one whose Down
 // drops something in a form downDrops cannot read fails here.
 func TestDownDropsOfEachMigration(t *testing.T) {
 	type drops struct {
@@ -34,9 +34,10 @@ func TestDownDropsOfEachMigration(t *testing.T) {
 				{kind: "function", name: "pgdedup_key(text, text)"},
 			},
 		},
-		"00004_processed_offsets.sql":    {losses: []loss{{table: "processed_offsets"}}},
-		"00005_function_search_path.sql": {}, // its Down reverts nothing
-		"00006_fingerprint_result.sql":   {losses: []loss{{table: "processed_messages", columns: []string{"fingerprint", "result"}}}},
+		"00004_processed_offsets.sql":          {losses: []loss{{table: "processed_offsets"}}},
+		"00005_function_search_path.sql":       {}, // its Down reverts nothing
+		"00006_fingerprint_result.sql":         {losses: []loss{{table: "processed_messages", columns: []string{"fingerprint", "result"}}}},
+		"00007_drop_idempotency_responses.sql": {}, // its Down adds 00002's columns back, empty
 	}
 	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil || len(names) == 0 {
@@ -136,8 +137,8 @@ SELECT 'function ' || p.proname || '(' || pg_catalog.oidvectortypes(p.proargtype
 
 // Each of pgdedup's Down sections runs on a database, newest first, and what
 // it removed from the schema is exactly what downDrops says, which is what
-// `pgdedup migrate down` prints: a dropped table with its columns, indexes,
-// triggers and constraints, dropped columns, indexes, functions and
+// `pgdedup migrate down` prints. That is a dropped table with its columns,
+// indexes, triggers and constraints, dropped columns, indexes, functions and
 // triggers, and constraints dropped (gone) or added again (redefined).
 func TestDownDropsMatchTheSchema(t *testing.T) {
 	t.Parallel()

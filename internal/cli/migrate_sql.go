@@ -10,9 +10,9 @@ import (
 )
 
 // migrationSQL prints the embedded migrations as plain SQL that psql or any
-// migration tool can run: goose's annotations are dropped, only the Up (or,
-// with down, the Down) sections are kept, each file in a transaction of its
-// own as goose would run it, and the Down sections come newest first.
+// migration tool can run. goose's annotations are dropped, and only the Up
+// (or, with down, the Down) sections are kept. Each file runs in a transaction
+// of its own as goose would run it, and the Down sections come newest first.
 func (c *command) migrationSQL(down bool) int {
 	names, err := fs.Glob(pgdedup.Migrations(), "*.sql")
 	if err != nil {
@@ -46,7 +46,7 @@ func (c *command) migrationSQL(down bool) int {
 }
 
 // gooseAnnotation reads line as a goose annotation ("-- +goose Up") and
-// returns it upper-cased ("UP", "STATEMENTBEGIN", "NO TRANSACTION"); on Up
+// returns it upper-cased ("UP", "STATEMENTBEGIN", "NO TRANSACTION"). On Up
 // and Down it sets *part to "up" or "down".
 func gooseAnnotation(line string, part *string) (annotation string, ok bool) {
 	annotation, ok = strings.CutPrefix(strings.TrimSpace(line), "-- +goose ")

@@ -63,7 +63,7 @@ func TestMigrateLifecycle(t *testing.T) {
 		t.Errorf("status after up: %s", r)
 	}
 
-	// down reverts one migration at a time, the newest first, with --confirm;
+	// down reverts one migration at a time, the newest first, with --confirm.
 	// processed_messages holds the rows usable wrote, so reverting 00001 also
 	// needs --discard-data.
 	for i := len(files) - 1; i >= 0; i-- {
@@ -74,6 +74,11 @@ func TestMigrateLifecycle(t *testing.T) {
 		r = migrate("down")
 		if r.code != 1 || !strings.Contains(r.stdout, "migrate down reverts "+files[i]) || !strings.Contains(r.stderr, "--confirm") {
 			t.Errorf("down from %s without --confirm: %s", files[i], r)
+		}
+		// 00007's Down adds 00002's columns back, and this pgdedup needs
+		// nothing that 00007 made.
+		if strings.HasPrefix(files[i], "00007_") && (!strings.Contains(r.stdout, "It drops nothing.\n") || strings.Contains(r.stdout, "Afterwards")) {
+			t.Errorf("down from %s: %s", files[i], r)
 		}
 		args := []string{"migrate", "down", "--confirm", "--database-url", db.URL}
 		if i == 0 {
@@ -143,7 +148,7 @@ SELECT 'billing', 'orders', p, 1000 FROM generate_series(0, 2) p`)
 	}
 
 	// 00003 drops key, computed from the other columns (--confirm is
-	// enough), and the functions and trigger that fill it; this pgdedup's
+	// enough), and the functions and trigger that fill it. This pgdedup's
 	// claims and lookup need key, which the summary says.
 	r = down()
 	if r.code != 1 || !strings.Contains(r.stdout, "It drops:\n"+
@@ -158,8 +163,8 @@ SELECT 'billing', 'orders', p, 1000 FROM generate_series(0, 2) p`)
 	if r = down("--confirm"); r.code != 0 || !strings.Contains(r.stdout, "reverted 00003_compact_key.sql") {
 		t.Errorf("down --confirm of 00003: %s", r)
 	}
-	// 00002 drops the stored responses' columns: refused while one holds a
-	// value, not because of rows without any.
+	// 00002 drops the stored responses' columns. It is refused while one holds
+	// a value, not because of rows without any.
 	pgtest.Seed(t, db.Pool, "billing", "m-", 5, time.Hour)
 	r = down("--confirm")
 	if r.code != 0 || !strings.Contains(r.stdout, "columns request_fingerprint, response_status, response_headers, response_body of processed_messages: 0 rows hold a value") {
@@ -183,7 +188,7 @@ func TestMigrateDownGuardsColumns(t *testing.T) {
 	db := upTo(t, 4)
 	pgtest.Exec(t, db.Pool, `INSERT INTO processed_messages (key, consumer, message_id, expires_at, response_status)
 VALUES (gen_random_uuid(), 'http', 'k1', now() + interval '1 hour', 201)`)
-	for range 2 { // 00004, 00003: no data in what they drop
+	for range 2 { // 00004 and 00003 drop no data
 		if r := run(t, "migrate", "down", "--confirm", "--database-url", db.URL); r.code != 0 {
 			t.Fatal(r)
 		}
@@ -197,14 +202,14 @@ VALUES (gen_random_uuid(), 'http', 'k1', now() + interval '1 hour', 201)`)
 	}
 }
 
-// migrate status reads only and never waits for the migration lock: it
+// migrate status reads only and never waits for the migration lock. It
 // answers while another process migrates (holding the lock and keeping others
 // from writing pgdedup's tables), and says who that is.
 func TestMigrateStatusIsReadOnlyAndLockFree(t *testing.T) {
 	t.Parallel()
 	db := upTo(t, 1)
 	ctx := context.Background()
-	// Another process migrating: it holds the lock's row, and in an open
+	// Another process is migrating. It holds the lock's row, and in an open
 	// transaction no one else may write the version or the lock table.
 	pgtest.Exec(t, db.Pool, `UPDATE `+pgdedup.LockTable+` SET locked = true, locked_by = 'deploy-host-77-c0ffee',
 	locked_at = '2026-03-01T10:00:00Z', lease_expires_at = now() + interval '1 hour'`)
@@ -218,7 +223,7 @@ func TestMigrateStatusIsReadOnlyAndLockFree(t *testing.T) {
 	}
 
 	var out, errs bytes.Buffer
-	sctx, cancel := context.WithTimeout(ctx, 20*time.Second) // a hang guard: status must not wait at all
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second) // a hang guard, as status must not wait at all
 	defer cancel()
 	code := cli.Main(sctx, []string{"migrate", "status", "--database-url", db.URL}, &out, &errs)
 	r := result{code, out.String(), errs.String()}
@@ -230,7 +235,7 @@ func TestMigrateStatusIsReadOnlyAndLockFree(t *testing.T) {
 }
 
 // migrate sql prints SQL that creates a working table when run as is, and with
-// --down SQL that removes it; it needs no database.
+// --down SQL that removes it. It needs no database.
 func TestMigrateSQL(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewUnmigrated(t)
@@ -260,7 +265,7 @@ func TestMigrateSQL(t *testing.T) {
 }
 
 // migrate sql --goose-dir writes files the host's goose CLI applies after its
-// own migrations; afterwards migrate up and status say that goose owns them.
+// own migrations. Afterwards migrate up and status say that goose owns them.
 func TestMigrateSQLGooseDir(t *testing.T) {
 	t.Parallel()
 	goose := pgtest.NewGoose(t)
@@ -283,8 +288,8 @@ func TestMigrateSQLGooseDir(t *testing.T) {
 		t.Fatalf("second export: %s", r)
 	}
 
-	// up and down refuse, status says who owns the migrations; none of them
-	// creates pgdedup's tables next to goose's.
+	// up and down refuse, and status says who owns the migrations. None of
+	// them creates pgdedup's tables next to goose's.
 	for _, down := range [][]string{{"migrate", "down"}, {"migrate", "down", "--confirm", "--discard-data"}} {
 		r = run(t, append(down, "--database-url", db.URL)...)
 		if r.code != 1 || !strings.Contains(r.stderr, "processed_messages was created by another migration tool") ||
@@ -370,7 +375,7 @@ func upTo(t *testing.T, version int64) *pgtest.DB {
 }
 
 // runLikePsql runs script one statement at a time on one connection, as psql
-// does: statements end with a semicolon at the end of a line outside $$
+// does. Statements end with a semicolon at the end of a line outside $$
 // quotes. Migration 00003 must run outside a transaction block, so the script
 // cannot go as one multi-statement query.
 func runLikePsql(pool *pgxpool.Pool, script string) error {
@@ -413,7 +418,7 @@ func exists(t *testing.T, pool *pgxpool.Pool, table string) bool {
 	return ok
 }
 
-// usable checks that processed_messages works: an ID processed once is a
+// usable checks that processed_messages works. An ID processed once is a
 // duplicate the second time.
 func usable(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
@@ -422,7 +427,7 @@ func usable(t *testing.T, pool *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	noop := func(context.Context, pgx.Tx) error { return nil }
-	id := fmt.Sprint("m-", time.Now().UnixNano()) // new each call: the table may hold earlier IDs
+	id := fmt.Sprint("m-", time.Now().UnixNano()) // new each call, as the table may hold earlier IDs
 	for i, want := range []bool{true, false} {
 		if ok, err := store.Process(context.Background(), id, noop); ok != want || err != nil {
 			t.Fatalf("Process #%d = %v, %v; want %v", i+1, ok, err, want)

@@ -9,7 +9,7 @@ import (
 
 // A database URL often carries a password, and the CLI runs in cron and CI
 // logs, so nothing it prints may contain one. Every message is passed through
-// a redactor: it masks passwords it can see in the text (URL userinfo,
+// a redactor. It masks passwords it can see in the text (URL userinfo,
 // password=…) and every password it was told about, literally.
 
 const mask = "xxxxx"
@@ -19,7 +19,7 @@ var (
 	kvPassword  = regexp.MustCompile(`(?i)((?:ssl)?password\s*=\s*)('[^']*'|[^\s&]+)`)
 )
 
-// minSecretLen is the shortest password masked wherever it appears: masking a
+// minSecretLen is the shortest password masked wherever it appears. Masking a
 // one- or two-letter "password" everywhere would garble every message, and
 // such a password protects nothing anyway. Shorter ones are still masked where
 // they appear in a URL or as password=….

@@ -6,7 +6,7 @@ import (
 )
 
 // The redactor is the CLI's own guard, under whatever pgx and goose already
-// redact: each message here carries the password the way a library error
+// redact. Each message here carries the password the way a library error
 // could, and none may come out with it.
 func TestRedact(t *testing.T) {
 	for _, tc := range []struct{ url, password, msg string }{

@@ -36,7 +36,7 @@ func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if _, code, ok := c.parseArgs(fs, args, 0, ""); !ok {
 		return code
 	}
-	store, conn, code := c.openStore(ctx, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: *retention, Partitions: *partitions})
+	store, conn, code := c.openStore(ctx, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: *retention, Partitions: *partitions})
 	if store == nil {
 		return code
 	}

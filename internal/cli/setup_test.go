@@ -8,8 +8,8 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// pgdedup setup moves a table that holds IDs and prints the switch time;
-// run again, it succeeds and changes nothing; the IDs stay.
+// pgdedup setup moves a table that holds IDs and prints the switch time. Run
+// again, it succeeds and changes nothing. The IDs stay.
 func TestSetupCommandMovesPopulatedTable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)

@@ -41,15 +41,15 @@ Examples:
   DATABASE_URL=postgres://app@db/app pgdedup stats --json | jq '.consumers[] | {consumer, expired_rows}'
 `
 
-// defaultMaxConsumers is how many consumers stats shows unless told otherwise:
-// a screenful, and a bound on the output however many consumers some role
-// with INSERT on the table has written.
+// defaultMaxConsumers is how many consumers stats shows unless told otherwise.
+// It is a screenful, and a bound on the output however many consumers some
+// role with INSERT on the table has written.
 const defaultMaxConsumers = 100
 
 // maxShownName is how many bytes of a consumer name the table shows.
 const maxShownName = 100
 
-// stats is what stats prints; its JSON form is the --json output.
+// stats is what stats prints. Its JSON form is the --json output.
 type stats struct {
 	Table string `json:"table"`
 	pgdedup.Stats
@@ -125,11 +125,11 @@ func largest(all []pgdedup.ConsumerStats, n int) ([]pgdedup.ConsumerStats, leftO
 	return shown, out
 }
 
-// shown is s as the table shows text read from the database: as it is when
-// it is plain printable text, else quoted with Go's escapes, so that no
-// control character (a terminal escape, a newline, a tab that breaks the
+// shown is s as the table shows text read from the database. Plain printable
+// text is shown as it is. Anything else is quoted with Go's escapes, so that
+// no control character (a terminal escape, a newline, a tab that breaks the
 // columns) or invisible formatting character (a right-to-left override)
-// reaches the terminal; cut short when long.
+// reaches the terminal. Long text is cut short.
 func shown(s string) string {
 	cut := ""
 	if len(s) > maxShownName {
@@ -153,7 +153,7 @@ func shown(s string) string {
 func printStats(w io.Writer, st stats) {
 	fmt.Fprintf(w, "%s: %d rows, %d expired; %s (table %s, indexes %s)\n", st.Table, st.Rows, st.ExpiredRows,
 		bytes(st.TotalBytes), bytes(st.TableBytes), bytes(st.IndexBytes))
-	if len(st.Indexes) > 0 { // not on Citus: see pgdedup.Store.Stats
+	if len(st.Indexes) > 0 { // not on Citus, see pgdedup.Store.Stats
 		fmt.Fprintf(w, "%d dead tuples; last vacuum %s, last autovacuum %s\n", st.DeadTuples,
 			when(st.LastVacuum, st.Now), when(st.LastAutovacuum, st.Now))
 	}

@@ -125,9 +125,9 @@ func TestStatsEmptyTable(t *testing.T) {
 	}
 }
 
-// Consumer names are written by any role with INSERT: stats shows them
+// Consumer names are written by any role with INSERT. stats shows them
 // without a control or formatting character reaching the terminal, and
-// without breaking its columns; --json keeps them exact, escaped by JSON.
+// without breaking its columns. --json keeps them exact, escaped by JSON.
 func TestStatsEscapesConsumerNames(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -217,7 +217,7 @@ func TestStatsCapsConsumers(t *testing.T) {
 	}
 }
 
-// On a partitioned table, stats lists the partitions in text as --json does:
+// On a partitioned table, stats lists the partitions in text as --json does,
 // each with its span, rows, size and state (the past one Setup made sealed,
 // the one holding the claims current, those ahead of the clock ahead).
 func TestStatsCommandPartitioned(t *testing.T) {
@@ -268,7 +268,7 @@ func TestStatsCommandPartitioned(t *testing.T) {
 	if states["sealed"] == 0 || states["current"] != 1 || states["ahead"] < 3 {
 		t.Errorf("partition states %v, want the past one sealed, one current, 3 ahead", states)
 	}
-	// The runway: to the end of the last partition ahead, 3 to 4 spans.
+	// The runway reaches to the end of the last partition ahead, 3 to 4 spans.
 	last := st.Partitions[len(st.Partitions)-1].To
 	if want := last.Sub(st.Now); st.Runway != want || st.Runway <= 15*time.Minute || st.Runway > 20*time.Minute {
 		t.Errorf("partition_runway %s, want %s (to %s), between 3 and 4 spans", st.Runway, want, last)

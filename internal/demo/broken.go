@@ -5,9 +5,9 @@ import (
 	"sync"
 )
 
-// keyStore stands in for Redis: one store shared by every consumer, whose
-// single operations (EXISTS, SET, SET NX) are atomic but live outside the
-// database transaction that charges.
+// keyStore stands in for Redis. It is one store shared by every consumer,
+// whose single operations (EXISTS, SET, SET NX) are atomic but live outside
+// the database transaction that charges.
 type keyStore struct {
 	mu   sync.Mutex
 	keys map[string]struct{}
@@ -39,10 +39,10 @@ func (s *keyStore) setNX(k string) bool {
 	return true
 }
 
-// checkThenAct is the recipe from most tutorials: if EXISTS id, skip; else
-// charge, then SET id. Two consumers holding the same message both find it
-// absent and both charge; a crash after charging and before SET leaves no
-// mark, so the redelivery charges again.
+// checkThenAct is the recipe from most tutorials. If EXISTS id, it skips,
+// else it charges and then does SET id. Two consumers holding the same message
+// both find it absent and both charge. A crash after charging and before SET
+// leaves no mark, so the redelivery charges again.
 type checkThenAct struct {
 	keys *keyStore
 	charger
@@ -65,8 +65,8 @@ func (r checkThenAct) handle(ctx context.Context, c int, d delivery) (outcome, e
 }
 
 // chargeOrCrash does the handler's work and commits the charge, stopping where
-// d crashes. It is the middle of every broken recipe: the charge commits on
-// its own, apart from the dedup record.
+// d crashes. It is the middle of every broken recipe, where the charge
+// commits on its own, apart from the dedup record.
 func (ch charger) chargeOrCrash(ctx context.Context, c int, d delivery) (outcome, error) {
 	if err := work(ctx, d); err != nil {
 		return 0, err
@@ -87,7 +87,7 @@ func (ch charger) chargeOrCrash(ctx context.Context, c int, d delivery) (outcome
 // duplicate delivered to another consumer is not in that consumer's set, and
 // a restart empties the set.
 type inProcessSet struct {
-	seen []map[string]struct{} // per consumer; consumer c handles one delivery at a time
+	seen []map[string]struct{} // per consumer, and consumer c handles one delivery at a time
 	charger
 }
 
@@ -116,10 +116,10 @@ func (r *inProcessSet) handle(ctx context.Context, c int, d delivery) (outcome, 
 	return charged, nil
 }
 
-// markThenProcess is the Redis SET NX order: SET id NX first, charge only if
-// it was absent. Races are gone (SET NX is atomic), but a crash after the SET
-// and before the charge commits leaves the ID marked and the order never
-// charged: every redelivery is skipped.
+// markThenProcess is the Redis SET NX order. It does SET id NX first and
+// charges only if the key was absent. Races are gone (SET NX is atomic), but a
+// crash after the SET and before the charge commits leaves the ID marked and
+// the order never charged, so every redelivery is skipped.
 type markThenProcess struct {
 	keys *keyStore
 	charger

@@ -12,10 +12,11 @@ type crashPoint int
 
 const (
 	noCrash crashPoint = iota
-	// crashBeforeCharge: the consumer dies after its dedup step, before charging.
+	// crashBeforeCharge means the consumer dies after its dedup step, before
+	// charging.
 	crashBeforeCharge
-	// crashAfterCharge: the consumer dies after charging, before the handler
-	// finishes (before it marks the ID, commits, or acks).
+	// crashAfterCharge means the consumer dies after charging, before the
+	// handler finishes (before it marks the ID, commits, or acks).
 	crashAfterCharge
 )
 

@@ -24,20 +24,20 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-// Options configures Run. The CLI's defaults are the Default constants; here
-// every field is taken as given (zero rates mean no duplicates, no crashes).
+// Options configures Run. The CLI's defaults are the Default constants, but
+// Run takes every field as given (zero rates mean no duplicates, no crashes).
 type Options struct {
 	DatabaseURL   string    // required
 	Orders        int       // orders the producer publishes (1-MaxOrders)
 	Consumers     int       // concurrent consumers (1-MaxConsumers)
 	RedeliverRate float64   // share of orders delivered twice (0-1)
 	CrashRate     float64   // share of deliveries that crash mid-handler (0-MaxCrashRate)
-	Seed          uint64    // seeds the broker's choices; 0 picks one at random
+	Seed          uint64    // seeds the broker's choices, or 0 to pick one at random
 	Progress      io.Writer // where to draw a progress bar (a terminal), or nil
 	Keep          bool      // leave the schema in place for inspection
 
-	// beforeVerify runs after the simulation, before the tables are counted;
-	// tests use it to break an invariant on purpose.
+	// beforeVerify runs after the simulation, before the tables are counted.
+	// Tests use it to break an invariant on purpose.
 	beforeVerify func(ctx context.Context, pool *pgxpool.Pool, schema string) error
 }
 
@@ -53,7 +53,7 @@ const (
 )
 
 // ErrInvariant is returned when pgdedup's row shows a double or a missing
-// charge: the demo's reason to exist has failed.
+// charge, which means the demo's reason to exist has failed.
 var ErrInvariant = errors.New("pgdedup invariant violated")
 
 // Result is what Run measured.
@@ -63,7 +63,7 @@ type Result struct {
 	Dropped  bool
 	Broker   BrokerStats
 	Rows     []Row    // pgdedup first, then the broken recipes
-	Failures []string // pgdedup invariants that failed; empty on success
+	Failures []string // pgdedup invariants that failed, empty on success
 	Elapsed  time.Duration
 }
 
@@ -76,7 +76,8 @@ type BrokerStats struct {
 }
 
 // Validate reports, before any connection, what in o is out of range. The
-// database URL is checked by Run: the CLI chooses a server after validating.
+// database URL is checked by Run, because the CLI chooses a server after
+// validating.
 func (o Options) Validate() error {
 	switch {
 	case o.Orders < 1 || o.Orders > MaxOrders:
@@ -95,7 +96,7 @@ func (o Options) Validate() error {
 const consumerName = "demo-billing"
 
 // Run runs the demo and returns its result. The error wraps ErrInvariant when
-// pgdedup's row shows a double or missing charge; the Result is then complete
+// pgdedup's row shows a double or missing charge. The Result is then complete
 // and worth printing. The schema is dropped unless opts.Keep, even on failure.
 func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if err := opts.Validate(); err != nil {

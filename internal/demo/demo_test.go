@@ -38,7 +38,7 @@ func runSmall(t *testing.T, opts Options) (*Result, error) {
 }
 
 // With duplicates and crashes, pgdedup charges every order exactly once and
-// the schema is gone afterwards; each broken recipe breaks the way it should.
+// the schema is gone afterwards. Each broken recipe breaks the way it should.
 func TestRunPgdedupChargesEveryOrderOnce(t *testing.T) {
 	t.Parallel()
 	const orders = 300
@@ -65,9 +65,9 @@ func TestRunPgdedupChargesEveryOrderOnce(t *testing.T) {
 			t.Errorf("%s handled %d deliveries, broker made %d", row.Recipe, row.Deliveries, res.Broker.Deliveries)
 		}
 	}
-	// About 45 crashes after the charge for check-then-act and as many before it
-	// for mark-then-process, and ~150 duplicates for the in-process set: none of
-	// these can come out at zero unless the recipe stopped breaking.
+	// About 45 crashes after the charge for check-then-act and as many before
+	// it for mark-then-process, and ~150 duplicates for the in-process set.
+	// None of these can come out at zero unless the recipe stopped breaking.
 	byTable := map[string]Row{}
 	for _, row := range res.Rows {
 		byTable[row.Table] = row

@@ -10,7 +10,7 @@ import (
 
 // startProgress redraws a one-line progress bar on w every 200 ms until the
 // returned stop is called, which draws the final state and ends the line.
-// With a nil w it does nothing: callers pass a terminal, not a log file.
+// With a nil w it does nothing. Callers pass a terminal, not a log file.
 func startProgress(w io.Writer, b *broker) (stop func()) {
 	if w == nil {
 		return func() {}

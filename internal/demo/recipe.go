@@ -22,7 +22,7 @@ const (
 )
 
 // recipe is one way of deduplicating deliveries. Each writes its charges to a
-// business table of its own; the report counts the rows there.
+// business table of its own, and the report counts the rows there.
 type recipe interface {
 	// name is the row label in the report.
 	name() string
@@ -44,7 +44,7 @@ const (
 	tableMarkThenProcess = "charges_mark_then_process"
 )
 
-// errCrash stands for the consumer process dying: the handler goes no further.
+// errCrash stands for the consumer process dying. The handler goes no further.
 var errCrash = errors.New("demo: simulated crash")
 
 // charger writes one charge row to a recipe's business table, committed on its
@@ -60,7 +60,7 @@ func newCharger(pool *pgxpool.Pool, schema, table string) charger {
 SELECT id, amount_cents, $2, $3 FROM ` + pgx.Identifier{schema, "orders"}.Sanitize() + ` WHERE id = $1`}
 }
 
-// execer is what charge needs: the pool (autocommit) or a transaction.
+// execer is what charge writes with, the pool (autocommit) or a transaction.
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
@@ -83,9 +83,9 @@ func work(ctx context.Context, d delivery) error {
 	}
 }
 
-// pgdedupRecipe is the pattern done right: Store.Process claims the message ID
+// pgdedupRecipe is the pattern done right. Store.Process claims the message ID
 // in the transaction that writes the charge. A crash before COMMIT rolls both
-// back, so the redelivery charges; a duplicate, concurrent or later, finds the
+// back, so the redelivery charges. A duplicate, concurrent or later, finds the
 // ID (waiting for the first transaction if it is still running) and skips.
 type pgdedupRecipe struct {
 	store *pgdedup.Store

@@ -9,8 +9,8 @@ import (
 )
 
 // Row is one recipe's line in the report. Deliveries, Skipped and Crashes are
-// what its handler reported; Charged, ChargedTwice and NeverCharged are counted
-// from its business table after the run.
+// what its handler reported. Charged, ChargedTwice and NeverCharged are
+// counted from its business table after the run.
 type Row struct {
 	Recipe     string
 	Table      string // business table, in Result.Schema
@@ -42,9 +42,9 @@ SELECT
 	return nil
 }
 
-// checkPgdedup returns the pgdedup invariants that r (pgdedup's row) breaks:
-// every order charged exactly once, and processed_messages holding exactly the
-// IDs of the charged orders.
+// checkPgdedup returns the pgdedup invariants that r (pgdedup's row) breaks.
+// Every order must be charged exactly once, and processed_messages must hold
+// exactly the IDs of the charged orders.
 func checkPgdedup(ctx context.Context, pool *pgxpool.Pool, schema, consumer string, r Row, orders int) ([]string, error) {
 	var fails []string
 	if r.ChargedTwice != 0 {

@@ -21,8 +21,8 @@ func newSchemaName() string {
 	return "pgdedup_demo_" + hex.EncodeToString(b)
 }
 
-// connect opens a pool whose connections use schema as their search_path
-// (that is where Migrate creates processed_messages); the demo's own SQL is
+// connect opens a pool whose connections use schema as their search_path,
+// which is where Migrate creates processed_messages. The demo's own SQL is
 // schema-qualified anyway.
 func connect(ctx context.Context, url, schema string, consumers int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
@@ -32,12 +32,12 @@ func connect(ctx context.Context, url, schema string, consumers int) (*pgxpool.P
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.RuntimeParams["application_name"] = "pgdedup demo"
 	// The demo simulates consumer crashes, not server crashes, so waiting for
-	// each commit's WAL flush would only slow it down; what other sessions see,
-	// and so every count in the report, is the same.
+	// each commit's WAL flush would only slow it down. What other sessions
+	// see, and so every count in the report, is the same.
 	if _, set := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; !set {
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
-	// pgdedup holds a connection per consumer while its handler works; the
+	// pgdedup holds a connection per consumer while its handler works. The
 	// broken recipes only borrow one to insert a charge.
 	cfg.MaxConns = int32(2*consumers + 2)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -51,7 +51,7 @@ func connect(ctx context.Context, url, schema string, consumers int) (*pgxpool.P
 	return pool, nil
 }
 
-// createSchema creates schema; it fails, rather than touching anything, if a
+// createSchema creates schema. It fails, rather than touching anything, if a
 // schema of that name exists.
 func createSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
@@ -62,8 +62,8 @@ func createSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 
 // setUp migrates schema with pgdedup.Migrate, and creates the
 // orders table (filled with orders orders) and one charges table per recipe.
-// Charges tables have no unique constraint on order_id: a recipe that charges
-// twice leaves two rows, which is what the report counts.
+// Charges tables have no unique constraint on order_id, so a recipe that
+// charges twice leaves two rows, which is what the report counts.
 func setUp(ctx context.Context, pool *pgxpool.Pool, schema string, orders int, recipes []recipe) error {
 	s := pgx.Identifier{schema}.Sanitize()
 	db := stdlib.OpenDBFromPool(pool)

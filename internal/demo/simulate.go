@@ -7,14 +7,15 @@ import (
 )
 
 // tally counts, per recipe, what its handler reported. These are only
-// descriptive columns of the report: charges are counted from the tables.
+// descriptive columns of the report, because charges are counted from the
+// tables.
 type tally struct {
 	deliveries, skipped, crashes atomic.Int64
 }
 
 // simulate runs consumers consumers against b until every delivery is acked.
 // Each delivery goes through every recipe at the same moment, as if each
-// recipe were a consumer group of its own in the same process: when the
+// recipe were a consumer group of its own in the same process. When the
 // delivery crashes, the process dies for all of them and the broker redelivers.
 func simulate(ctx context.Context, b *broker, consumers int, recipes []recipe, tallies []*tally) error {
 	ctx, cancel := context.WithCancel(ctx)

@@ -17,8 +17,8 @@ var why = map[string]string{
 		"      marked and never charged, and every redelivery is skipped.",
 }
 
-// WriteTable writes the report: the broker's figures, one row per recipe, the
-// verdict on pgdedup and why the other recipes broke.
+// WriteTable writes the report. It shows the broker's figures, one row per
+// recipe, the verdict on pgdedup and why the other recipes broke.
 func (r *Result) WriteTable(w io.Writer) {
 	o, b := r.Options, r.Broker
 	fmt.Fprintf(w, "pgdedup demo: %d orders, %d consumers, redelivery rate %.2f, crash rate %.2f, seed %d\n",

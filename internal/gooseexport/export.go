@@ -3,15 +3,16 @@
 // goose CLI applies them as they are.
 //
 // Copying pgdedup's files unchanged fails with the goose CLI in the two
-// commonest cases: a host with sequential versions already has a 00001 (goose
-// panics: duplicate version), and a host whose migrations are applied is past
-// version 2 (goose refuses "missing" migrations below its current version
-// unless run with -allow-missing). So each file is written under a version after
-// the directory's newest (or after one the user gives), in the directory's own
-// style: sequential (00007_…) as `goose create -s` numbers, or a timestamp
-// (20261201103000_…) as plain `goose create` does, so that `goose fix` treats
-// them like the host's own. The content is pgdedup's file unchanged after a
-// header comment: its annotations (NO TRANSACTION, StatementBegin) still apply.
+// commonest cases. A host with sequential versions already has a 00001, and
+// goose panics on the duplicate version. A host whose migrations are applied
+// is past version 2, and goose refuses "missing" migrations below its current
+// version unless run with -allow-missing. So each file is written under a
+// version after the directory's newest (or after one the user gives), in the
+// directory's own style. That is sequential (00007_…) as `goose create -s`
+// numbers, or a timestamp (20261201103000_…) as plain `goose create` does, so
+// that `goose fix` treats them like the host's own. The content is pgdedup's
+// file unchanged after a header comment, so its annotations (NO TRANSACTION,
+// StatementBegin) still apply.
 //
 // Each file's name keeps pgdedup's own name after "pgdedup_"
 // (00007_pgdedup_00001_processed_messages.sql), which is how a later export, after a
@@ -47,13 +48,14 @@ type Plan struct {
 // timestampLayout is goose's version layout for timestamps (goose create).
 const timestampLayout = "20060102150405"
 
-// exported matches the name of a file an export wrote; group 1 is pgdedup's name.
+// exported matches the name of a file an export wrote. Group 1 is pgdedup's
+// name.
 var exported = regexp.MustCompile(`^[0-9]+_pgdedup_([0-9]+_.+\.sql)$`)
 
 // NewPlan works out which of the migrations in src (goose SQL files named
-// NNNNN_name.sql at its root) dir lacks, and the names they get there: versions
-// after after, or, when after is 0, after the newest version in dir. now is the
-// time a timestamp-versioned directory's next version starts from, as goose
+// NNNNN_name.sql at its root) dir lacks, and the names they get there. Their
+// versions follow after, or, when after is 0, the newest version in dir. now is
+// the time a timestamp-versioned directory's next version starts from, as goose
 // create would number it.
 func NewPlan(src fs.FS, dir string, after int64, now time.Time) (*Plan, error) {
 	if after < 0 {
@@ -157,7 +159,7 @@ func (p *Plan) Apply(src fs.FS, dir string) error {
 	return nil
 }
 
-// version is goose's NumericComponent: the positive number before the first
+// version is goose's NumericComponent, the positive number before the first
 // underscore of the file's name.
 func version(name string) (int64, bool) {
 	before, _, ok := strings.Cut(name, "_")
@@ -168,14 +170,14 @@ func version(name string) (int64, bool) {
 	return v, err == nil && v > 0
 }
 
-// isTimestamp is goose's test (goose fix, create -s): a version that reads as
-// a time in the timestamp layout, after 1970.
+// isTimestamp is goose's test (goose fix, create -s) for a version that reads
+// as a time in the timestamp layout, after 1970.
 func isTimestamp(v int64) bool {
 	t, err := time.Parse(timestampLayout, strconv.FormatInt(v, 10))
 	return err == nil && t.After(time.Unix(0, 0))
 }
 
-// sequential numbers after base as goose create -s does: 00001, 00002, ...
+// sequential numbers after base as goose create -s does (00001, 00002, ...).
 func sequential(base int64) func() string {
 	return func() string {
 		base++
@@ -184,8 +186,8 @@ func sequential(base int64) func() string {
 }
 
 // timestamps numbers one second apart after base, so every version is still a
-// valid timestamp; from now rather than base+1s when fromNow and now is later,
-// as goose create would name a new file.
+// valid timestamp. They start from now rather than base+1s when fromNow and
+// now is later, as goose create would name a new file.
 func timestamps(base int64, fromNow bool, now time.Time) func() string {
 	t, _ := time.Parse(timestampLayout, strconv.FormatInt(base, 10))
 	t = t.Add(time.Second)

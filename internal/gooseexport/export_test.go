@@ -120,7 +120,7 @@ func TestPlanNumbersAfterTheDirectory(t *testing.T) {
 }
 
 // A second export, after the first was applied (and after goose fix renamed
-// its files), writes nothing; copies made by hand count as there.
+// its files), writes nothing. Copies made by hand count as there.
 func TestPlanSkipsMigrationsAlreadyThere(t *testing.T) {
 	t.Parallel()
 	dir := hostDir(t, "20240101120000_users.sql")
@@ -179,8 +179,9 @@ func TestPlanRefusals(t *testing.T) {
 	}
 }
 
-// schemaDigest describes what pgdedup's migrations built in schema: columns,
-// indexes and constraints of every table but the host's and the version tables.
+// schemaDigest describes what pgdedup's migrations built in schema, the
+// columns, indexes and constraints of every table but the host's and the
+// version tables.
 func schemaDigest(t *testing.T, db *pgtest.DB) string {
 	t.Helper()
 	var d string
@@ -227,8 +228,8 @@ func migrate(t *testing.T, db *pgtest.DB) error {
 	return pgdedup.Migrate(context.Background(), sqlDB)
 }
 
-// A host numbering its migrations sequentially, 00001 first: pgdedup's files
-// copied as they are make its goose panic; exported, they apply, and the host
+// A host numbers its migrations sequentially, 00001 first. pgdedup's files
+// copied as they are make its goose panic. Exported, they apply, and the host
 // keeps numbering after them with goose create -s.
 func TestGooseCLISequentialHost(t *testing.T) {
 	t.Parallel()
@@ -272,7 +273,7 @@ func TestGooseCLISequentialHost(t *testing.T) {
 		t.Fatalf("goose status: exit %d:\n%s", code, out)
 	}
 
-	// The host now also calls pgdedup.Migrate: it is told why not, and
+	// The host now also calls pgdedup.Migrate. It is told why not, and
 	// changes nothing.
 	if err := migrate(t, db); !errors.Is(err, pgdedup.ErrMigratedByAnotherTool) || !strings.Contains(err.Error(), "--goose-dir") {
 		t.Fatalf("pgdedup.Migrate after goose applied the exported files: %v", err)
@@ -283,8 +284,9 @@ func TestGooseCLISequentialHost(t *testing.T) {
 	}
 }
 
-// A host with timestamp versions whose migrations are applied: the copies as
-// they are would be "missing" migrations to its goose; exported, they apply.
+// A host has timestamp versions, and its migrations are applied. The copies
+// as they are would be "missing" migrations to its goose. Exported, they
+// apply.
 // goose fix later renames everything to sequential, which the next export
 // understands, and the renamed files still build the schema.
 func TestGooseCLITimestampHostWithAppliedMigrations(t *testing.T) {
@@ -331,8 +333,8 @@ func TestGooseCLITimestampHostWithAppliedMigrations(t *testing.T) {
 }
 
 // After a pgdedup upgrade, exporting again adds only the new migrations, in
-// order, whatever they hold: here one that goose must run outside a
-// transaction (CREATE INDEX CONCURRENTLY fails inside one).
+// order, whatever they hold. Here the new one is one that goose must run
+// outside a transaction (CREATE INDEX CONCURRENTLY fails inside one).
 func TestGooseCLIUpgradeAddsOnlyNewMigrations(t *testing.T) {
 	t.Parallel()
 	goose := pgtest.NewGoose(t)

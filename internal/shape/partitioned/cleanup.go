@@ -213,6 +213,24 @@ func partitionNameV1(parent string, from time.Time) string {
 // transaction of its own. It returns the partitions it created, oldest
 // first, and an error wrapping shape.ErrCleanupStarved if a lock held some up.
 func (l *Shape) createPartitions(ctx context.Context, back time.Duration) ([]shape.Span, error) {
+	// Creating partitions can take longer than a span (distributed DDL on a
+	// loaded Citus cluster). So once a round has created some, the next
+	// counts the partitions ahead again from the current one, until a round
+	// creates none.
+	var all []shape.Span
+	for round := 0; round < 4; round++ {
+		made, err := l.createPartitionsOnce(ctx, back)
+		all = append(all, made...)
+		if err != nil || len(made) == 0 {
+			return all, err
+		}
+		back = 0
+	}
+	return all, nil
+}
+
+// createPartitionsOnce is one round of createPartitions.
+func (l *Shape) createPartitionsOnce(ctx context.Context, back time.Duration) ([]shape.Span, error) {
 	st, err := l.readPartitions(ctx)
 	if err != nil {
 		return nil, err

@@ -85,6 +85,20 @@ type Shape struct {
 	counted bool
 }
 
+// noStrayCopies: a duplicate must not leave a copy of its ID behind. One
+// INSERT puts the ID into every unsealed partition before the current one,
+// and a conflict in one of them does not stop the rows for the others. With
+// two or more of them (no seal for two spans), a duplicate whose first claim
+// is in the oldest would add a copy to the newer ones. That copy carries the
+// duplicate's fingerprint and no stored result, and it stays when the
+// caller's transaction commits (TestPartitionedDuplicateLeavesNoCopies). So
+// claims then look the ID up in the unsealed partitions too, and insert
+// nothing if it is there. A duplicate running beside its first claim can
+// still add a copy, because it cannot see that claim's rows. The reads after
+// a claim cannot tell such a copy from the first claim's rows. Ordering them
+// by xmin would need SELECT on the whole table, which the HTTP role's column
+// grants do not give.
+
 // Origin is where partition spans are counted from. Partitions start at
 // whole multiples of the span after it (date_bin's origin).
 const Origin = `'2000-01-01 00:00:00+00'::pg_catalog.timestamptz`
@@ -127,7 +141,9 @@ h AS MATERIALIZED (SELECT g FROM m, pg_catalog.generate_series(m.sealed, m.lo - 
 	// so overlapping batches cannot deadlock.
 	l.claimBatch = head + `ids AS MATERIALIZED (SELECT k, id, n FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n)),
 seen AS MATERIALIZED (
-SELECT x.key FROM ` + t + ` x WHERE x.key = ANY ($3::uuid[]) AND x.processed_at < (SELECT sealed FROM m)),
+SELECT x.key FROM ` + t + ` x WHERE x.key = ANY ($3::uuid[]) AND x.processed_at < (SELECT sealed FROM m)
+UNION ALL
+SELECT x.key FROM ` + t + ` x WHERE (SELECT count(*) FROM h) > 1 AND x.key = ANY ($3::uuid[]) AND x.processed_at >= (SELECT sealed FROM m)),
 older AS (
 INSERT INTO ` + t + cols + `
 SELECT ids.k, $1::text, ids.id, h.g, ` + m.Expires + ` FROM h, ids WHERE ids.k NOT IN (SELECT key FROM seen) ORDER BY h.g, ids.n
@@ -156,10 +172,14 @@ ORDER BY processed_at DESC LIMIT 1`
 		// The sealed partitions are looked up, and the Append prunes the
 		// others at run time. The unsealed ones are inserted into, oldest
 		// first. The current one comes last, and only when every older one
-		// took the key.
+		// took the key. With two or more unsealed partitions before the
+		// current one (no seal for two spans), the unsealed ones are looked
+		// up too (see noStrayCopies).
 		l.claimWith[v] = head + `seen AS MATERIALIZED (
 SELECT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
-AND x.processed_at < (SELECT sealed FROM m)) AS found),
+AND x.processed_at < (SELECT sealed FROM m))
+OR EXISTS (SELECT 1 FROM ` + t + ` x WHERE (SELECT count(*) FROM h) > 1 AND x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
+AND x.processed_at >= (SELECT sealed FROM m)) AS found),
 older AS (
 INSERT INTO ` + t + cols + `
 SELECT $3::uuid, $1::text, $2::text, h.g, ` + exp + values + ` FROM h WHERE NOT (SELECT found FROM seen) ORDER BY h.g

@@ -28,7 +28,7 @@ func TestPartitionedSealWaitsForPreparedClaims(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t, 4)
 	ctx := ctxT(t, 2*time.Minute)
-	store := s.store(t, pgdedup.Config{Layout: pgdedup.Partitioned, Retention: 20 * time.Second, Partitions: 10,
+	store := s.store(t, pgdedup.Config{Layout: pgdedup.LayoutPartitioned, Retention: 20 * time.Second, Partitions: 10,
 		LockTimeout: 300 * time.Millisecond}) // 2-second partitions
 	if err := store.Setup(ctx); err != nil {
 		t.Fatal(err)

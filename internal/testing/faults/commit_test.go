@@ -137,8 +137,8 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 	if allDuplicate.Load() != st.CutAfter {
 		t.Errorf("%d deliveries found only duplicates, want one per commit cut after landing (%d)", allDuplicate.Load(), st.CutAfter)
 	}
-	// Checked while the cleaner runs: a stopped one leaves claims on a
-	// partitioned table a few spans of partitions (250 ms ones here).
+	// Checked while the cleaner runs: it creates the partitions that the
+	// check claims in.
 	assertStillDuplicates(t, db.Pool, "ambiguous", ids)
 	cleaner.Stop(t)
 }

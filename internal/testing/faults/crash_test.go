@@ -137,8 +137,8 @@ func testCrashes(t *testing.T, recipe, layout string) {
 	switch recipe {
 	case recipePgdedup:
 		assertExactlyOnce(t, tally)
-		// Checked while the cleaner runs: a stopped one leaves claims on a
-		// partitioned table a few spans of partitions (250 ms ones here).
+		// Checked while the cleaner runs: it creates the partitions that the
+		// check claims in.
 		assertStillDuplicates(t, db.Pool, crashConsumer, ids)
 		cleaner.Stop(t)
 	case recipeMarkFirst:

@@ -14,7 +14,7 @@
 //   - Cleanup running throughout all of them (CleanerLoad), deleting only
 //     expired rows;
 //   - pgdedup's scenarios on both table layouts, the partitioned one
-//     switching partitions every 250 ms (500 ms on Citus).
+//     switching partitions every second.
 //
 // The helpers here are small on purpose: a queue table, a proxy, a cluster
 // wrapper and a RESP client, each in a few dozen lines, so that what the suite
