@@ -533,3 +533,32 @@ func TestMigrationsAdoptNoObject(t *testing.T) {
 		}
 	}
 }
+
+// A role that may only connect takes, exclusively, the advisory lock that
+// claims on Citus took shared before they locked the table instead. Claims
+// on the partitioned table go on: they no longer wait for it (on Citus every
+// claim waited until its LockTimeout and failed with ErrInFlight).
+func TestClaimsIgnoreAnAdvisoryLockAnyoneCanTake(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{LockTimeout: time.Second})
+	ctx := ctxT(t)
+	intruder, _ := rolePool(t, b)
+	conn, err := intruder.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(1885824101, 'processed_messages'::regclass::oid::int4)`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`) //nolint:errcheck // the pool closes it anyway
+	for i := range 3 {
+		id := fmt.Sprint("m", i)
+		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || !processed {
+			t.Fatalf("Process %s while another role holds the advisory lock: processed=%v err=%v", id, processed, err)
+		}
+	}
+	if fresh, err := b.store.ProcessBatch(ctx, []string{"m0", "m9"}, func(context.Context, pgx.Tx, []string) error { return nil }); err != nil || len(fresh) != 1 {
+		t.Fatalf("ProcessBatch while another role holds the advisory lock: fresh=%v err=%v", fresh, err)
+	}
+}

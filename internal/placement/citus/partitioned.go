@@ -20,9 +20,12 @@ import (
 // every worker, a two-phase commit per claim, and counts an INSERT …
 // SELECT's conflicting rows as inserted. The function runs the same steps
 // as statements Citus routes to the ID's shard, each naming consumer,
-// message_id and key. It takes a shared advisory lock on the coordinator
-// (partitioned.ClaimLockClass and the table's OID). Sealing waits for that
-// lock as for a lock on the table. It reads sealed and the span, then the
+// message_id and key. It locks the table in ROW EXCLUSIVE mode on the
+// coordinator only (Citus's lock_relation_if_exists, which checks the
+// caller's privileges, as LOCK TABLE does). Sealing waits for that lock as
+// for any claim's lock on the table. A shared advisory lock served before,
+// but any role that can connect could take it exclusively and stop every
+// claim. It reads sealed and the span, then the
 // coordinator's clock. It looks the key up in the sealed partitions. It
 // inserts the key into each unsealed partition older than the current one,
 // stopping at the first that had it, and then into the current one. A batch
@@ -206,7 +209,7 @@ DECLARE
     seen   uuid[];
     vals   text;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(` + partitioned.ClaimLockClass + `, t::oid::int4);
+    PERFORM lock_relation_if_exists(t::text, 'ROW EXCLUSIVE');
     EXECUTE format('SELECT span, sealed FROM %s WHERE parent = $1', meta) INTO span, sealed USING t;
     at := clock_timestamp();
     IF span IS NULL THEN

@@ -103,9 +103,10 @@ type Shape struct {
 // whole multiples of the span after it (date_bin's origin).
 const Origin = `'2000-01-01 00:00:00+00'::pg_catalog.timestamptz`
 
-// ClaimLockClass is the first half of an advisory lock a claim may hold
-// ("pgde"). The second is the table's OID. Sealing waits for its holders as
-// for the table's lockers.
+// ClaimLockClass is the first half of an advisory lock that claims on Citus
+// held before this release ("pgde"). The second is the table's OID. Sealing
+// still waits for its holders as for the table's lockers, for claims still
+// running the function of an earlier release during an upgrade.
 const ClaimLockClass = "1885824101"
 
 // MetaName returns the quoted name of the table of partitioned tables
