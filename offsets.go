@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgdedup/pgdedup/internal/engine"
 )
 
 // TopicPartition is one partition of a topic in a partitioned log such as
@@ -93,7 +94,7 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 	}
 	rows, err := s.db.Query(ctx, s.offsets.resume, s.cfg.Consumer, topics, parts)
 	if err != nil {
-		return nil, fromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
+		return nil, engine.FromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
 	}
 	var topic string
 	var n int32
@@ -106,7 +107,7 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 		return nil
 	})
 	if err != nil {
-		return nil, fromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
+		return nil, engine.FromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
 	}
 	return out, nil
 }
