@@ -27,7 +27,7 @@ func newEngine(s *Store) *engine.Engine {
 			}
 			return &ls.Layouts, nil
 		},
-		Table: s.messages.table, OffsetTable: s.offsets.table, LockTimeoutMS: s.messages.lockTimeoutMS}
+		Table: s.messages.table, Offsets: s.offsets, LockTimeoutMS: s.messages.lockTimeoutMS}
 }
 
 // emit reports e to Config.OnEvent, if set.
@@ -71,7 +71,7 @@ func (s *Store) newBatchClaim(ids []string) (*engine.BatchClaim, error) {
 // newOffsetsClaim prepares the claim of p's offsets, which are validated.
 func (s *Store) newOffsetsClaim(p TopicPartition, offsets []int64) *engine.OffsetsClaim {
 	return &engine.OffsetsClaim{Consumer: s.cfg.Consumer, Topic: p.Topic, Partition: p.Partition, Generation: p.Generation,
-		Offsets: offsets, ClaimSQL: s.offsets.claim, StoredSQL: s.offsets.stored}
+		Offsets: offsets, SQL: s.offsets}
 }
 
 // claimID is Claim and ClaimSQL. It validates messageID and opts, and then

@@ -73,7 +73,7 @@ func (s *Store) layouts(ctx context.Context, query engine.QueryRow) (*layouts, e
 		return nil, engine.FromDatabase(fmt.Errorf("pgdedup: look up %s: %w", s.messages.table, withDetail(err)))
 	}
 	if citusInstalled {
-		if err := query(ctx, citusLayoutQuery, []any{s.messages.table, s.offsets.table}, &messagesOnCitus, &offsetsOnCitus); err != nil {
+		if err := query(ctx, citusLayoutQuery, []any{s.messages.table, s.offsets.Table}, &messagesOnCitus, &offsetsOnCitus); err != nil {
 			return nil, engine.FromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.messages.table, withDetail(err)))
 		}
 	}

@@ -32,7 +32,7 @@ type Store struct {
 	cfg      Config
 	log      *slog.Logger
 	messages messageStatements
-	offsets  offsetStatements
+	offsets  engine.OffsetSQL
 	// partitionMeta is the quoted pgdedup_partitions beside the table.
 	partitionMeta string
 	// partitionFunc is the quoted claim function of a partitioned table on
@@ -65,7 +65,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	}
 	s := &Store{db: db, cfg: cfg, log: logger,
 		messages:      newMessageStatements(table, cfg.Retention, cfg.LockTimeout),
-		offsets:       newOffsetStatements(offsetTable),
+		offsets:       engine.NewOffsetSQL(offsetTable.Sanitize()),
 		partitionMeta: partitionMeta(table),
 		partitionFunc: partitionFunc(table),
 	}

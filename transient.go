@@ -2,7 +2,6 @@ package pgdedup
 
 import (
 	"github.com/pgdedup/pgdedup/internal/engine"
-	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // IsTransient reports whether err is a failure of the database that trying
@@ -46,7 +45,3 @@ import (
 // A consumer can use it to decide between requeueing a message (true) and
 // dead-lettering it.
 func IsTransient(err error) bool { return engine.IsTransient(err) }
-
-// sqlState returns the SQLSTATE err carries, from pgx or from a database/sql
-// driver's error type with a SQLState method.
-func sqlState(err error) (string, bool) { return shape.SQLState(err) }

@@ -88,8 +88,10 @@ type Engine struct {
 	// Layouts returns the shapes of the two tables, looking them up with q
 	// when they are not known yet.
 	Layouts func(ctx context.Context, q QueryRow) (*Layouts, error)
-	// Table and OffsetTable are the quoted tables, for error messages.
-	Table, OffsetTable string
+	// Table is the quoted dedup table, for error messages.
+	Table string
+	// Offsets is the SQL for the offset table.
+	Offsets OffsetSQL
 	// LockTimeoutMS is Config.LockTimeout in milliseconds, or 0 for none.
 	LockTimeoutMS int64
 }
@@ -163,7 +165,7 @@ func (e *Engine) claimError(c Claim, l *Layouts, err error) error {
 		return fmt.Errorf("%w: %s: %w", ErrInFlight, c.Subject(), err)
 	case code == "42P01":
 		return fmt.Errorf("pgdedup: %s %s: %w (is %s or %s on the search_path? run pgdedup.Migrate or `pgdedup migrate up`)",
-			action(c), c.Subject(), err, e.Table, e.OffsetTable)
+			action(c), c.Subject(), err, e.Table, e.Offsets.Table)
 	}
 	return l.Transient(fmt.Errorf("pgdedup: %s %s: %w", action(c), c.Subject(), err))
 }

@@ -131,3 +131,23 @@ func isNetworkFailure(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, driver.ErrBadConn)
 }
+
+// RetryableSQLState reports whether err carries a SQLSTATE that a later
+// attempt can cure, beyond those IsTransient retries at once. ActionFor
+// requeues for it. These are conditions of the server's load or its
+// settings, which a retry within one call would only prolong.
+func RetryableSQLState(err error) bool {
+	code, ok := shape.SQLState(err)
+	if !ok {
+		return false
+	}
+	switch code {
+	case "55P03", // lock_not_available, from lock_timeout or NOWAIT
+		"57014", // query_canceled, from statement_timeout
+		"25P03", // idle_in_transaction_session_timeout
+		"57P05": // idle_session_timeout
+		return true
+	}
+	// insufficient_resources, such as too many connections or a full disk
+	return strings.HasPrefix(code, "53")
+}
