@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
+	"github.com/pgdedup/pgdedup/internal/engine"
 	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
@@ -80,30 +80,10 @@ func ActionFor(err error) Action {
 		return ActionStop
 	case IsTransient(err), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, ErrInFlight), errors.Is(err, ErrCleanupStarved),
-		errors.As(err, new(*curableError)), retryableSQLState(err):
+		errors.As(err, new(*curableError)), engine.RetryableSQLState(err):
 		return ActionRequeue
 	}
 	return ActionDeadLetter
-}
-
-// retryableSQLState reports whether err carries a SQLSTATE that a later
-// attempt can cure, beyond those IsTransient retries at once. These are
-// conditions of the server's load or its settings, which a retry within one
-// call would only prolong.
-func retryableSQLState(err error) bool {
-	code, ok := sqlState(err)
-	if !ok {
-		return false
-	}
-	switch code {
-	case "55P03", // lock_not_available, from lock_timeout or NOWAIT
-		"57014", // query_canceled, from statement_timeout
-		"25P03", // idle_in_transaction_session_timeout
-		"57P05": // idle_session_timeout
-		return true
-	}
-	// insufficient_resources, such as too many connections or a full disk
-	return strings.HasPrefix(code, "53")
 }
 
 // curableError marks an error of pgdedup's own claim that a later attempt

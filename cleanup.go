@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/pgdedup/pgdedup/internal/engine"
 	"github.com/pgdedup/pgdedup/internal/shape"
 	"github.com/pgdedup/pgdedup/internal/shape/plain"
 )
@@ -65,7 +66,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	e := Event{Kind: EventCleanup}
 	defer func() { s.cleanupDone(ctx, &e, deleted, time.Since(start), err) }()
-	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
+	ls, err := s.layouts(ctx, engine.PgxQueryRow(s.db))
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, ctxErr
@@ -75,7 +76,7 @@ func (s *Store) Cleanup(ctx context.Context) (deleted int64, err error) {
 	giveUp := time.Now().Add(s.cfg.CleanupTurnWait)
 	var first *plain.Sighting // the turn as seen by this run's first try
 	for {
-		deleted, skipped, err := ls.messages.cleanup(ctx, &e)
+		deleted, skipped, err := cleanupShape(ctx, ls.Messages, &e)
 		if err != nil || !skipped {
 			if err == nil {
 				s.turn.Reset()
@@ -155,3 +156,24 @@ func (s *Store) RunCleaner(ctx context.Context, interval time.Duration) error {
 
 // jitter returns d ±10%, uniformly.
 func jitter(d time.Duration) time.Duration { return shape.Jitter(d) }
+
+// cleanupShape deletes sh's expired rows (see Store.Cleanup). skipped reports that
+// it never had the cleaners' turn. It adds the partitions it created and
+// dropped to e.
+func cleanupShape(ctx context.Context, sh shape.Shape, e *Event) (deleted int64, skipped bool, err error) {
+	var r shape.Report
+	deleted, skipped, err = sh.Cleanup(ctx, &r)
+	e.Created, e.Dropped = spans(r.Created), spans(r.Dropped)
+	return deleted, skipped, err
+}
+
+func spans(in []shape.Span) []PartitionSpan {
+	if in == nil {
+		return nil
+	}
+	out := make([]PartitionSpan, len(in))
+	for i, p := range in {
+		out[i] = PartitionSpan(p)
+	}
+	return out
+}

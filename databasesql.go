@@ -3,8 +3,8 @@ package pgdedup
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"strings"
+
+	"github.com/pgdedup/pgdedup/internal/engine"
 )
 
 // ClaimSQL is [Store.Claim] for services that reach Postgres through
@@ -28,7 +28,7 @@ import (
 // opts are as in [Store.Claim]. With [WithFingerprint] the fingerprint is
 // read back in one more round trip.
 func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts ...Option) (claimed bool, err error) {
-	return s.claimID("ClaimSQL", messageID, opts, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
+	return s.claimID("ClaimSQL", messageID, opts, func(c engine.Claim) error { return s.eng.ClaimInSQL(ctx, tx, c) })
 }
 
 // ClaimBatchSQL is [Store.ClaimBatch] for database/sql. It records messageIDs
@@ -41,7 +41,7 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts
 // The IDs and their keys travel as array parameters written as Postgres
 // array literals, so no driver-specific array type is needed.
 func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string) (fresh []string, err error) {
-	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
+	return s.claimBatch(messageIDs, func(c engine.Claim) error { return s.eng.ClaimInSQL(ctx, tx, c) })
 }
 
 // ClaimOffsetsSQL is [Store.ClaimOffsets] for database/sql. Inside tx it
@@ -50,44 +50,5 @@ func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []stri
 // round trips, the claim and then the read of the stored row that tells a
 // duplicate from a fenced claim, plus two with [Config.LockTimeout].
 func (s *Store) ClaimOffsetsSQL(ctx context.Context, tx *sql.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
-	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInSQLTx(ctx, tx, c) })
-}
-
-// sqlArgs returns args with every []string written as a Postgres array
-// literal (see textArray), for drivers without array support of their own.
-func sqlArgs(args []any) []any {
-	out := make([]any, len(args))
-	for i, a := range args {
-		if ss, ok := a.([]string); ok {
-			a = textArray(ss)
-		}
-		out[i] = a
-	}
-	return out
-}
-
-// textArray is a text[] parameter as a Postgres array literal. Every element
-// is quoted, so no element is read as NULL and commas or braces in IDs are
-// data. Inside quotes only " and \ need a backslash.
-type textArray []string
-
-// Value implements driver.Valuer.
-func (a textArray) Value() (driver.Value, error) {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range a {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for j := 0; j < len(s); j++ {
-			if s[j] == '"' || s[j] == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteByte(s[j])
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String(), nil
+	return s.claimOffsets(p, offsets, func(c engine.Claim) error { return s.eng.ClaimInSQL(ctx, tx, c) })
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/pgdedup/pgdedup/internal/engine"
 	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
@@ -27,7 +28,7 @@ var (
 	// transaction still holds the same message ID (or partition) after that
 	// long. This call did not process the message. Nack or requeue it so that
 	// it is retried.
-	ErrInFlight = errors.New("pgdedup: message is being processed by another transaction")
+	ErrInFlight = engine.ErrInFlight
 
 	// ErrInvalidOffset is returned, wrapped with the reason, for a
 	// [TopicPartition] or offsets that cannot be claimed. Examples are an
@@ -41,7 +42,7 @@ var (
 	// assigned the partition in a later generation and has committed since.
 	// Nothing was claimed. Roll back, stop processing the partition and wait
 	// for the next assignment and its offsets from [Store.ResumeOffsets].
-	ErrFenced = errors.New("pgdedup: partition is held by a newer generation")
+	ErrFenced = engine.ErrFenced
 
 	// ErrCleanupStarved is returned by [Store.Cleanup], wrapped with who holds
 	// the turn, when it could not take the cleaners' turn and nobody was
@@ -56,7 +57,7 @@ var (
 	// fingerprint differs. The ID was reused with another payload, by a
 	// producer's bug or an attack. Nothing was processed. Dead-letter the
 	// message.
-	ErrPayloadMismatch = errors.New("pgdedup: message ID reused with a different payload")
+	ErrPayloadMismatch = engine.ErrPayloadMismatch
 
 	// ErrResultTooLarge is returned, wrapped with the sizes, when the fn of
 	// [Store.ProcessResult] returns a result longer than
@@ -88,7 +89,6 @@ var (
 	ErrInvalidOption = errors.New("pgdedup: invalid option")
 
 	errNilFunc = errors.New("pgdedup: fn must not be nil")
-	errNilTx   = errors.New("pgdedup: tx must not be nil")
 )
 
 // ConfigError is the error [New] and [Config.Validate] return for an invalid

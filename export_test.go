@@ -3,6 +3,8 @@ package pgdedup
 import (
 	"time"
 
+	"github.com/pgdedup/pgdedup/internal/engine"
+	"github.com/pgdedup/pgdedup/internal/shape"
 	"github.com/pgdedup/pgdedup/internal/shape/partitioned"
 )
 
@@ -29,3 +31,31 @@ func SetMoveTimes(s *Store, lead, recheck time.Duration) {
 // SetNoCarry makes s's Cleanup keep partitions with live rows instead of
 // carrying the rows forward.
 func SetNoCarry(s *Store) { s.waits.NoCarry = true }
+
+// shaped, idClaim and statement keep TestClaimWithoutOptionsIsUnchanged
+// reading the engine's claims of one ID on a shape as it always did.
+type shaped struct{ sh shape.Shape }
+
+func newShaped(sh shape.Shape) shaped { return shaped{sh} }
+
+type idClaim struct {
+	store *Store
+	id    string
+	opts  callOptions
+}
+
+type statement struct {
+	sql  string
+	args []any
+	row  shape.RowFunc
+}
+
+// claimOne returns the statements the engine sends to claim c's ID on l.
+func (l shaped) claimOne(c *idClaim) []statement {
+	ec := &engine.IDClaim{ID: c.store.id(c.id), Retention: c.opts.retention, Fingerprint: c.opts.fingerprint}
+	var out []statement
+	for _, st := range ec.Statements(&engine.Layouts{Messages: l.sh}).Claim {
+		out = append(out, statement{sql: st.SQL, args: st.Args, row: st.Row})
+	}
+	return out
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgdedup/pgdedup/internal/engine"
 	"github.com/pgdedup/pgdedup/internal/placement/citus"
 	"github.com/pgdedup/pgdedup/internal/shape"
 	"github.com/pgdedup/pgdedup/internal/shape/partitioned"
@@ -20,134 +21,17 @@ import (
 // the partitioned one (internal/shape/partitioned). A placement is one
 // server or a Citus cluster (internal/placement/citus). The partitioned
 // table on Citus is the partitioned shape with Citus's placement. The
-// choice is made once per Store, on first use. The engine (engine.go) then
-// asks the shape for each claim's statements, through the small adapter
-// below. No other file of this package names Citus.
-
-// placed is a table's placement, as the engine calls it.
-type placed struct{ p shape.Placement }
-
-// settings returns the transaction-local settings a claim runs with.
-func (p placed) settings(batch bool) txSettings {
-	st := p.p.Settings(batch)
-	return txSettings{set: st.Set, restore: st.Restore}
-}
-
-// transient marks err as transient where the placement knows more than
-// IsTransient.
-func (p placed) transient(err error) error { return p.p.Transient(err) }
-
-// shaped is the dedup table's shape, as the engine calls it.
-type shaped struct {
-	placed
-	sh shape.Shape
-}
-
-func newShaped(sh shape.Shape) shaped { return shaped{placed{sh}, sh} }
-
-// id is the ID of a claim, with its consumer and key.
-func (s *Store) id(messageID string) shape.ID {
-	return shape.ID{Consumer: s.cfg.Consumer, ID: messageID, Key: Key(s.cfg.Consumer, messageID)}
-}
-
-// claimOne returns the statements claiming c's ID, with c's options. They
-// set c.claimed and read what c needs of the ID's row.
-func (l shaped) claimOne(c *idClaim) []statement {
-	return statements(l.sh.ClaimOne(shape.One{ID: c.store.id(c.id), Retention: c.opts.retention, Fingerprint: c.opts.fingerprint,
-		WithResult: c.withResult, Claimed: &c.claimed, Stored: c.scanStored}))
-}
-
-// storeResult returns the statement storing result in the row c claimed.
-func (l shaped) storeResult(c *idClaim, result []byte) statement {
-	return statements([]shape.Statement{l.sh.StoreResult(c.store.id(c.id), result)})[0]
-}
-
-// claimMany returns the statements claiming c's sorted IDs. They add the
-// new ones to c.fresh.
-func (l shaped) claimMany(c *batchClaim) []statement {
-	return statements(l.sh.ClaimMany(shape.Many{Consumer: c.store.cfg.Consumer, IDs: c.sorted.ids, Keys: c.sorted.keys, Fresh: c.addFresh}))
-}
-
-// lookup returns the statement reading the row of r's ID. It fills in r.
-func (l shaped) lookup(r *lookupRow) statement {
-	return statements([]shape.Statement{l.sh.Lookup(r.store.id(r.id), r.scan)})[0]
-}
-
-// forget returns the statements of a Forget. First comes the shape's own
-// claim of the ID. It waits for a transaction that holds the ID (a first
-// delivery in flight) to end, or gives up after Config.LockTimeout, exactly
-// as a claim would. A plain DELETE would not see that transaction's
-// uncommitted row. It would delete nothing and let a redelivery run beside
-// it. The DELETE follows as a statement of its own, with a snapshot taken
-// after the wait. It removes the ID's rows, committed or just claimed.
-// There was a row only if the claim found the ID already claimed.
-func (l shaped) forget(c *forgetClaim) []statement {
-	c.claim = idClaim{store: c.store, id: c.id}
-	del := l.sh.Delete(c.store.id(c.id), func(n int64) { c.found = n > 0 && !c.claim.claimed })
-	return append(l.claimOne(&c.claim), statements([]shape.Statement{del})...)
-}
-
-// cleanup deletes expired rows (see Store.Cleanup). skipped reports that
-// it never had the cleaners' turn. It adds the partitions it created and
-// dropped to e.
-func (l shaped) cleanup(ctx context.Context, e *Event) (deleted int64, skipped bool, err error) {
-	var r shape.Report
-	deleted, skipped, err = l.sh.Cleanup(ctx, &r)
-	e.Created, e.Dropped = spans(r.Created), spans(r.Dropped)
-	return deleted, skipped, err
-}
-
-func spans(in []shape.Span) []PartitionSpan {
-	if in == nil {
-		return nil
-	}
-	out := make([]PartitionSpan, len(in))
-	for i, p := range in {
-		out[i] = PartitionSpan(p)
-	}
-	return out
-}
-
-// sizes fills in st's sizes, and what else the shape can say of the
-// table's storage.
-func (l shaped) sizes(ctx context.Context, st *Stats) error {
-	sz := shape.Sizes{Now: st.Now, TableBytes: st.TableBytes, IndexBytes: st.IndexBytes, TotalBytes: st.TotalBytes}
-	err := l.sh.Sizes(ctx, &sz)
-	st.TableBytes, st.IndexBytes, st.TotalBytes, st.DeadTuples = sz.TableBytes, sz.IndexBytes, sz.TotalBytes, sz.DeadTuples
-	st.LastVacuum, st.LastAutovacuum = sz.LastVacuum, sz.LastAutovacuum
-	st.PartitionSpan, st.SealedBefore, st.PartitionRunway = sz.PartitionSpan, sz.SealedBefore, sz.PartitionRunway
-	if sz.Indexes != nil {
-		st.Indexes = make([]IndexStats, len(sz.Indexes))
-		for i, x := range sz.Indexes {
-			st.Indexes[i] = IndexStats(x)
-		}
-	}
-	if sz.Partitions != nil {
-		st.Partitions = make([]PartitionStats, len(sz.Partitions))
-		for i, p := range sz.Partitions {
-			st.Partitions[i] = PartitionStats(p)
-		}
-	}
-	return err
-}
-
-// statements are a shape's statements, as the engine sends them.
-func statements(sts []shape.Statement) []statement {
-	out := make([]statement, len(sts))
-	for i, st := range sts {
-		out[i] = statement{sql: st.SQL, args: st.Args, row: st.Row, affected: st.Affected}
-	}
-	return out
-}
+// choice is made once per Store, on first use. The engine (internal/engine)
+// then asks the shape for each claim's statements. No other file of this
+// package names Citus.
 
 // layouts are the shapes of a Store's two tables, looked up on first use
 // (see Store.layouts).
 type layouts struct {
-	messages shaped             // Config.Table
-	offsets  placed             // Config.OffsetTable
-	plain    bool               // messages is the plain table on one server
-	part     *partitioned.Shape // messages, if partitioned
-	at       time.Time          // when they were looked up
+	engine.Layouts
+	plain bool               // messages is the plain table on one server
+	part  *partitioned.Shape // messages, if partitioned
+	at    time.Time          // when they were looked up
 }
 
 // stale reports whether ls are due to be looked up again. A plain table is
@@ -155,11 +39,6 @@ type layouts struct {
 // partitioned layout (Setup on a populated table) before its switch time.
 func (s *Store) stale(ls *layouts) bool {
 	return ls.plain && s.move.Recheck >= 0 && time.Since(ls.at) >= cmp.Or(s.move.Recheck, partitioned.DefaultLayoutRecheck)
-}
-
-// transient marks err as transient if either table's placement says so.
-func (ls *layouts) transient(err error) error {
-	return ls.offsets.transient(ls.messages.transient(err))
 }
 
 // The look-up does not reference Citus's catalog in the first statement,
@@ -185,34 +64,34 @@ EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regcl
 // remembered, and the claim that follows reports it. A table distributed
 // after the Store's first use keeps its plain shape until the next
 // look-up. So distribute before starting consumers.
-func (s *Store) layouts(ctx context.Context, query queryRowFunc) (*layouts, error) {
+func (s *Store) layouts(ctx context.Context, query engine.QueryRow) (*layouts, error) {
 	if ls := s.found.Load(); ls != nil && !s.stale(ls) {
 		return ls, nil
 	}
 	var citusInstalled, exists, isPartitioned, messagesOnCitus, offsetsOnCitus bool
 	if err := query(ctx, layoutQuery, []any{s.messages.table}, &citusInstalled, &exists, &isPartitioned); err != nil {
-		return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s: %w", s.messages.table, withDetail(err)))
+		return nil, engine.FromDatabase(fmt.Errorf("pgdedup: look up %s: %w", s.messages.table, withDetail(err)))
 	}
 	if citusInstalled {
-		if err := query(ctx, citusLayoutQuery, []any{s.messages.table, s.offsets.table}, &messagesOnCitus, &offsetsOnCitus); err != nil {
-			return nil, fromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.messages.table, withDetail(err)))
+		if err := query(ctx, citusLayoutQuery, []any{s.messages.table, s.offsets.Table}, &messagesOnCitus, &offsetsOnCitus); err != nil {
+			return nil, engine.FromDatabase(fmt.Errorf("pgdedup: look up %s in pg_dist_partition: %w", s.messages.table, withDetail(err)))
 		}
 	}
 	ms := s.messages.lockTimeoutMS
-	ls := &layouts{messages: newShaped(plain.New(s.env(), s.messages.sql)), offsets: placed{plain.Placement(ms)}, plain: true, at: time.Now()}
+	ls := &layouts{Layouts: engine.Layouts{Messages: plain.New(s.env(), s.messages.sql), Offsets: plain.Placement(ms)}, plain: true, at: time.Now()}
 	switch {
 	case messagesOnCitus && isPartitioned:
 		ls.part = s.partitioned(citus.NewPartitioned(ms, s.partitionFunc))
 	case messagesOnCitus:
-		ls.messages, ls.plain = newShaped(citus.NewPlain(s.env(), s.messages.sql)), false
+		ls.Messages, ls.plain = citus.NewPlain(s.env(), s.messages.sql), false
 	case isPartitioned:
 		ls.part = s.partitioned(partitioned.OneServer{Placement: plain.Placement(ms)})
 	}
 	if ls.part != nil {
-		ls.messages, ls.plain = newShaped(ls.part), false
+		ls.Messages, ls.plain = ls.part, false
 	}
 	if offsetsOnCitus {
-		ls.offsets = placed{citus.Placement(ms)}
+		ls.Offsets = citus.Placement(ms)
 	}
 	if exists {
 		s.found.Store(ls)
@@ -274,7 +153,7 @@ func (s *Store) createAhead(ctx context.Context, interval time.Duration) (stop f
 		return func() {}
 	}
 	return partitioned.CreateAhead(ctx, max(interval, MinPartitionSpan/2), func(ctx context.Context) *partitioned.Shape {
-		if ls, err := s.layouts(ctx, pgxQueryRow(s.db)); err == nil {
+		if ls, err := s.layouts(ctx, engine.PgxQueryRow(s.db)); err == nil {
 			return ls.part
 		}
 		return nil

@@ -2,10 +2,9 @@ package pgdedup
 
 import (
 	"context"
-	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgdedup/pgdedup/internal/engine"
 )
 
 // Record is what the dedup table holds for one message ID of a consumer,
@@ -26,17 +25,8 @@ func (s *Store) Lookup(ctx context.Context, messageID string) (rec Record, recor
 	if err := ValidateMessageID(messageID); err != nil {
 		return Record{}, false, err
 	}
-	r := &lookupRow{store: s, id: messageID}
-	l, err := s.layouts(ctx, pgxQueryRow(s.db))
-	if err != nil {
-		return Record{}, false, err
-	}
-	b := &pgx.Batch{}
-	claimStatements{claim: []statement{l.messages.lookup(r)}}.queue(b)
-	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
-		return Record{}, false, s.claimError(r, l, fromDatabase(err))
-	}
-	return r.rec, r.found, nil
+	processedAt, expiresAt, found, err := s.eng.Lookup(ctx, s.id(messageID))
+	return Record{ProcessedAt: processedAt, ExpiresAt: expiresAt}, found, err
 }
 
 // Forget deletes the row recording messageID for the [Store]'s consumer and
@@ -55,51 +45,9 @@ func (s *Store) Forget(ctx context.Context, messageID string) (forgotten bool, e
 	if err := ValidateMessageID(messageID); err != nil {
 		return false, err
 	}
-	c := &forgetClaim{store: s, id: messageID}
-	if err := s.apply(ctx, c); err != nil {
+	c := &engine.ForgetClaim{ID: s.id(messageID)}
+	if err := s.eng.Apply(ctx, c); err != nil {
 		return false, err
 	}
-	return c.found, nil
+	return c.Found, nil
 }
-
-// lookupRow is one Lookup, with the ID and what its statement read.
-type lookupRow struct {
-	store *Store
-	id    string
-	rec   Record
-	found bool
-}
-
-func (r *lookupRow) scan(scan func(dest ...any) error) error {
-	r.found = true
-	return scan(&r.rec.ProcessedAt, &r.rec.ExpiresAt)
-}
-
-// lookupRow is a claim for claimError's sake alone, which words its errors.
-func (r *lookupRow) statements(*layouts) claimStatements { return claimStatements{} }
-func (r *lookupRow) outcome() (int, int, error)          { return 0, 0, nil }
-func (r *lookupRow) subject() string                     { return strconv.Quote(r.id) }
-func (r *lookupRow) messageID() string                   { return r.id }
-func (r *lookupRow) size() int                           { return 1 }
-func (r *lookupRow) action() string                      { return "look up" }
-
-// forgetClaim is the kind of claim that Forget runs. Its statements are the
-// layout's forget statements, which wait for a transaction holding the ID as
-// a claim does.
-type forgetClaim struct {
-	store *Store
-	id    string
-	claim idClaim // the claim that waits, new (claimed) if the ID had no row
-	found bool
-}
-
-func (c *forgetClaim) statements(l *layouts) claimStatements {
-	c.found = false
-	return claimStatements{settings: l.messages.settings(false), claim: l.messages.forget(c)}
-}
-
-func (c *forgetClaim) outcome() (int, int, error) { return 0, 0, nil }
-func (c *forgetClaim) subject() string            { return strconv.Quote(c.id) }
-func (c *forgetClaim) messageID() string          { return c.id }
-func (c *forgetClaim) size() int                  { return 1 }
-func (c *forgetClaim) action() string             { return "forget" }

@@ -3,8 +3,6 @@ package pgdedup
 import (
 	"context"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // TopicPartition is one partition of a topic in a partitioned log such as
@@ -31,42 +29,6 @@ type TopicPartition struct {
 	Generation int64
 }
 
-// offsetStatements are a Store's SQL for offsets, built once in New.
-//
-// The claim is one upsert. On conflict it updates only if the new offset is
-// higher and the generation not older. It keeps the value it replaces in
-// prev_offset, so RETURNING prev_offset tells which offsets of a batch are
-// new. All of them are new when the row was just inserted, with prev_offset
-// NULL. The upsert locks the partition's row, so concurrent claims of one
-// partition take turns. In read committed, the one that waited re-checks
-// against the row the other committed. Nothing updated means a duplicate or a
-// fenced claim. The stored row, read next in the same round trip and still
-// locked by the upsert, says which. updated_at takes the inserted row's
-// default, now(), rather than calling now() in the SET clause. Citus refuses
-// that on a distributed table, where only immutable functions may run.
-type offsetStatements struct {
-	table  string
-	claim  string // $1 consumer, $2 topic, $3 partition, $4 highest offset, $5 generation
-	stored string // $1 consumer, $2 topic, $3 partition
-	resume string // $1 consumer, $2 topics, $3 partitions
-}
-
-func newOffsetStatements(table pgx.Identifier) offsetStatements {
-	t := table.Sanitize()
-	return offsetStatements{
-		table: t,
-		claim: `INSERT INTO ` + t + ` AS o (consumer, topic, partition, last_offset, generation)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (consumer, topic, partition) DO UPDATE
-SET prev_offset = o.last_offset, last_offset = EXCLUDED.last_offset, generation = EXCLUDED.generation, updated_at = EXCLUDED.updated_at
-WHERE o.last_offset < EXCLUDED.last_offset AND o.generation <= EXCLUDED.generation
-RETURNING prev_offset`,
-		stored: `SELECT last_offset, generation FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
-		resume: `SELECT topic, partition, last_offset + 1 FROM ` + t + `
-WHERE consumer = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::int[]))`,
-	}
-}
-
 // ResumeOffsets returns the offset to resume consuming from for each
 // partition of assigned (topic to partition numbers) that has a stored
 // offset. That is the last processed offset plus 1. Seek every assigned
@@ -87,28 +49,7 @@ func (s *Store) ResumeOffsets(ctx context.Context, assigned map[string][]int32) 
 			topics, parts = append(topics, topic), append(parts, n)
 		}
 	}
-	out := make(map[string]map[int32]int64)
-	if len(topics) == 0 {
-		return out, nil
-	}
-	rows, err := s.db.Query(ctx, s.offsets.resume, s.cfg.Consumer, topics, parts)
-	if err != nil {
-		return nil, fromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
-	}
-	var topic string
-	var n int32
-	var next int64
-	_, err = pgx.ForEachRow(rows, []any{&topic, &n, &next}, func() error {
-		if out[topic] == nil {
-			out[topic] = make(map[int32]int64)
-		}
-		out[topic][n] = next
-		return nil
-	})
-	if err != nil {
-		return nil, fromDatabase(fmt.Errorf("pgdedup: read offsets: %w", withDetail(err)))
-	}
-	return out, nil
+	return s.eng.ResumeOffsets(ctx, topics, parts)
 }
 
 func validatePartition(p TopicPartition) error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgdedup/pgdedup/internal/engine"
 	"github.com/pgdedup/pgdedup/internal/shape/partitioned"
 	"github.com/pgdedup/pgdedup/internal/shape/plain"
 )
@@ -31,13 +32,14 @@ type Store struct {
 	cfg      Config
 	log      *slog.Logger
 	messages messageStatements
-	offsets  offsetStatements
+	offsets  engine.OffsetSQL
 	// partitionMeta is the quoted pgdedup_partitions beside the table.
 	partitionMeta string
 	// partitionFunc is the quoted claim function of a partitioned table on
 	// Citus.
 	partitionFunc string
 	found         atomic.Pointer[layouts] // looked up on first use (see Store.layouts)
+	eng           *engine.Engine          // sends every claim
 
 	waits partitioned.Waits     // the partitioned cleanup's waits, which tests set
 	move  partitioned.MoveTimes // the online move's times, which tests set
@@ -61,12 +63,14 @@ func New(db DB, cfg Config) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Store{db: db, cfg: cfg, log: logger,
+	s := &Store{db: db, cfg: cfg, log: logger,
 		messages:      newMessageStatements(table, cfg.Retention, cfg.LockTimeout),
-		offsets:       newOffsetStatements(offsetTable),
+		offsets:       engine.NewOffsetSQL(offsetTable.Sanitize()),
 		partitionMeta: partitionMeta(table),
 		partitionFunc: partitionFunc(table),
-	}, nil
+	}
+	s.eng = newEngine(s)
+	return s, nil
 }
 
 // Consumer returns the consumer name the [Store] records IDs under.
@@ -115,14 +119,14 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // with [ErrTooLate]. Without options Process sends the same statements as
 // before options existed.
 func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) error, opts ...Option) (processed bool, err error) {
-	c, err := s.newIDClaim("Process", messageID, opts)
+	c, _, err := s.newIDClaim("Process", messageID, opts)
 	if err != nil {
 		return false, err
 	}
 	if fn == nil {
 		return false, errNilFunc
 	}
-	return s.process(ctx, c, fn)
+	return s.eng.Process(ctx, c, fn)
 }
 
 // ProcessBatch is [Store.Process] for many messages at once. One transaction
@@ -138,17 +142,17 @@ func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx conte
 // [ErrBatchTooLarge]. Both happen before anything is sent.
 func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(ctx context.Context, tx pgx.Tx, fresh []string) error) (fresh []string, err error) {
 	c, err := s.newBatchClaim(messageIDs)
-	if err != nil || len(c.sorted.ids) == 0 {
+	if err != nil || len(c.Sorted) == 0 {
 		return nil, err
 	}
 	if fn == nil {
 		return nil, errNilFunc
 	}
-	committed, err := s.process(ctx, c, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, c.freshIDs()) })
+	committed, err := s.eng.Process(ctx, c, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, c.FreshIDs()) })
 	if !committed {
 		return nil, err
 	}
-	return c.freshIDs(), err
+	return c.FreshIDs(), err
 }
 
 // ProcessResult is [Store.Process] for consumers that answer requests, such
@@ -172,7 +176,7 @@ func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(c
 // costs one round trip more than Process (the result's UPDATE), and a
 // duplicate costs the same.
 func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error), opts ...Option) (result []byte, processed bool, err error) {
-	c, err := s.newIDClaim(callProcessResult, messageID, opts)
+	c, o, err := s.newIDClaim(callProcessResult, messageID, opts)
 	if err != nil {
 		return nil, false, err
 	}
@@ -180,8 +184,8 @@ func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx
 		return nil, false, errNilFunc
 	}
 	limit, limitName := s.cfg.MaxResultBytes, "Config.MaxResultBytes"
-	if c.opts.maxResultSet {
-		limit, limitName = c.opts.maxResult, "WithMaxResultBytes"
+	if o.maxResultSet {
+		limit, limitName = o.maxResult, "WithMaxResultBytes"
 	}
 	store := func(ctx context.Context, tx pgx.Tx) error {
 		res, err := fn(ctx, tx)
@@ -189,10 +193,10 @@ func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx
 			return err
 		}
 		if len(res) > limit {
-			return fmt.Errorf("%w: %s: %d bytes, more than %s (%d)", ErrResultTooLarge, c.subject(), len(res), limitName, limit)
+			return fmt.Errorf("%w: %s: %d bytes, more than %s (%d)", ErrResultTooLarge, c.Subject(), len(res), limitName, limit)
 		}
 		if res != nil { // NULL already
-			if err := s.storeResult(ctx, tx, c, res); err != nil {
+			if err := s.eng.StoreResult(ctx, tx, c, res); err != nil {
 				return err
 			}
 		}
@@ -203,8 +207,8 @@ func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx
 	// the read of its result. Then the ID is claimed again, as the new ID it
 	// has become.
 	for range 3 {
-		processed, err = s.process(ctx, c, store)
-		if err != nil || processed || c.found {
+		processed, err = s.eng.Process(ctx, c, store)
+		if err != nil || processed || c.Found {
 			break
 		}
 	}
@@ -214,7 +218,7 @@ func (s *Store) ProcessResult(ctx context.Context, messageID string, fn func(ctx
 	case processed:
 		return result, true, nil
 	}
-	return c.result, false, nil
+	return c.Result, false, nil
 }
 
 // ProcessOffset runs fn for the record at offset of partition p unless p's
@@ -264,10 +268,10 @@ func (s *Store) ProcessOffsets(ctx context.Context, p TopicPartition, offsets []
 	if fn == nil {
 		return nil, errNilFunc
 	}
-	c := &offsetsClaim{store: s, p: p, offsets: offsets}
-	committed, err := s.process(ctx, c, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, c.freshOffsets()) })
+	c := s.newOffsetsClaim(p, offsets)
+	committed, err := s.eng.Process(ctx, c, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, c.FreshOffsets()) })
 	if !committed {
 		return nil, err
 	}
-	return c.freshOffsets(), err
+	return c.FreshOffsets(), err
 }

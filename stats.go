@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgdedup/pgdedup/internal/engine"
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // Stats is what the dedup table holds, as read by [Store.Stats]. It counts
@@ -106,11 +108,11 @@ FROM to_regclass($1::text) r`, s.messages.table).Scan(&st.Now, &exists, &st.Tabl
 	if !exists {
 		return Stats{}, fmt.Errorf("pgdedup: stats of %s: table not found (run Migrate)", s.messages.table)
 	}
-	ls, err := s.layouts(ctx, pgxQueryRow(s.db))
+	ls, err := s.layouts(ctx, engine.PgxQueryRow(s.db))
 	if err != nil {
 		return Stats{}, err // it names the table
 	}
-	if err := ls.messages.sizes(ctx, &st); err != nil {
+	if err := shapeSizes(ctx, ls.Messages, &st); err != nil {
 		return Stats{}, err
 	}
 	// The first statement's now() is passed on, so that "expired" means the
@@ -142,4 +144,27 @@ FROM `+s.messages.table+` GROUP BY consumer ORDER BY consumer`, st.Now)
 		}
 	}
 	return st, nil
+}
+
+// shapeSizes fills in st's sizes, and what else sh can say of the
+// table's storage.
+func shapeSizes(ctx context.Context, sh shape.Shape, st *Stats) error {
+	sz := shape.Sizes{Now: st.Now, TableBytes: st.TableBytes, IndexBytes: st.IndexBytes, TotalBytes: st.TotalBytes}
+	err := sh.Sizes(ctx, &sz)
+	st.TableBytes, st.IndexBytes, st.TotalBytes, st.DeadTuples = sz.TableBytes, sz.IndexBytes, sz.TotalBytes, sz.DeadTuples
+	st.LastVacuum, st.LastAutovacuum = sz.LastVacuum, sz.LastAutovacuum
+	st.PartitionSpan, st.SealedBefore, st.PartitionRunway = sz.PartitionSpan, sz.SealedBefore, sz.PartitionRunway
+	if sz.Indexes != nil {
+		st.Indexes = make([]IndexStats, len(sz.Indexes))
+		for i, x := range sz.Indexes {
+			st.Indexes[i] = IndexStats(x)
+		}
+	}
+	if sz.Partitions != nil {
+		st.Partitions = make([]PartitionStats, len(sz.Partitions))
+		for i, p := range sz.Partitions {
+			st.Partitions[i] = PartitionStats(p)
+		}
+	}
+	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgdedup/pgdedup/internal/engine"
 )
 
 // Claim records messageID for the [Store]'s consumer inside tx, the caller's
@@ -22,7 +23,7 @@ import (
 // commits. opts are as in [Store.Process], except [WithMaxResultBytes], which
 // Claim refuses. A [PayloadMismatchError] leaves tx usable.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...Option) (claimed bool, err error) {
-	return s.claimID("Claim", messageID, opts, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+	return s.claimID("Claim", messageID, opts, func(c engine.Claim) error { return s.eng.ClaimIn(ctx, tx, c) })
 }
 
 // ClaimBatch records messageIDs inside tx, the caller's transaction, and
@@ -38,7 +39,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...
 // [Config.MaxBatch] IDs is rejected with [ErrBatchTooLarge]. Both happen
 // before anything is sent.
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
-	return s.claimBatch(messageIDs, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+	return s.claimBatch(messageIDs, func(c engine.Claim) error { return s.eng.ClaimIn(ctx, tx, c) })
 }
 
 // ClaimOffset advances p's stored offset to offset inside tx, the caller's
@@ -66,5 +67,5 @@ func (s *Store) ClaimOffset(ctx context.Context, tx pgx.Tx, p TopicPartition, of
 // offset that is negative or out of order rejects the whole batch with
 // [ErrInvalidOffset] before anything is sent.
 func (s *Store) ClaimOffsets(ctx context.Context, tx pgx.Tx, p TopicPartition, offsets []int64) (fresh []int64, err error) {
-	return s.claimOffsets(p, offsets, func(c claim) error { return s.claimInTx(ctx, tx, c) })
+	return s.claimOffsets(p, offsets, func(c engine.Claim) error { return s.eng.ClaimIn(ctx, tx, c) })
 }
