@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -216,8 +217,9 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 DESC LIMIT 1`).Sca
 		t.Fatalf("cleanup --json: %v: %s", err, r)
 	}
 	if out.Table != "processed_messages" || out.Deleted == nil || *out.Deleted != 0 || len(out.Dropped) != 1 || !same(out.Dropped[0], old) ||
-		len(out.Created) == 0 || !same(out.Created[len(out.Created)-1], newest) {
-		t.Errorf("cleanup --json: %s\nwant %+v dropped and %+v created last", r.stdout, old, newest)
+		!slices.ContainsFunc(out.Created, func(p pgdedup.PartitionSpan) bool { return same(p, newest) }) {
+		// Contains, not last: a switch during the run adds the next one.
+		t.Errorf("cleanup --json: %s\nwant %+v dropped and %+v created", r.stdout, old, newest)
 	}
 
 	newest = prepare()
@@ -226,8 +228,8 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 2 DESC LIMIT 1`).Sca
 		return p.Name + ": " + p.From.Format(time.RFC3339) + " to " + p.To.Format(time.RFC3339) + "\n"
 	}
 	if r.code != 0 || !regexp.MustCompile(`^dropped 1 and created [1-9] partitions of processed_messages \(about 0 rows dropped\) in [0-9.]+m?s\n`).MatchString(r.stdout) ||
-		!strings.Contains(r.stdout, "\ndropped "+span(old)) || !strings.HasSuffix(r.stdout, "\ncreated "+span(newest)) {
-		t.Errorf("cleanup: %s\nwant %s dropped and %s created last", r, span(old), span(newest))
+		!strings.Contains(r.stdout, "\ndropped "+span(old)) || !strings.Contains(r.stdout, "\ncreated "+span(newest)) {
+		t.Errorf("cleanup: %s\nwant %s dropped and %s created", r, span(old), span(newest))
 	}
 }
 
