@@ -18,6 +18,11 @@ set -euo pipefail
 CITUS_SHARED=${CITUS_SHARED:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/citus}
 [[ -d $CITUS_SHARED ]] || CITUS_SHARED=/work/shared/citus
 export CITUS_BASE=${CITUS_BASE:-${TMPDIR:-/tmp}/pgdedup-citus}
+# Where the tests find the cluster once start_citus ran (.ci/run starts it in
+# a background subshell, so the stages after it read these from here).
+export TEST_CITUS_URL='postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable'
+export TEST_CITUS_SPARE_WORKER=127.0.0.1:9703
+export TEST_CITUS_WORKER_PGDATA=$CITUS_BASE/worker1
 CITUS_BIN=/usr/lib/postgresql/15/bin
 
 citus_as_pg() { runuser -u postgres -- "$@"; }
