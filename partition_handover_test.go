@@ -3,7 +3,6 @@ package pgdedup_test
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,16 +36,8 @@ func TestPartitionedDuplicateLeavesNoCopies(t *testing.T) {
 
 	// Two switches later, with no seal in between, the partitions of the
 	// first claim and of the switch after it are both unsealed.
-	current := func() (at time.Time) {
-		if err := b.pool.QueryRow(ctx, `SELECT pg_catalog.date_bin(span, clock_timestamp(), '2000-01-01 00:00:00+00')
-FROM pgdedup_partitions`).Scan(&at); err != nil {
-			t.Fatal(err)
-		}
-		return at
-	}
-	for from := current(); current().Before(from.Add(4 * time.Second)); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitSwitch(t, b.pool)
+	waitSwitch(t, b.pool)
 
 	claim := func(opts ...pgdedup.Option) (claimed bool, err error) {
 		if txErr := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
