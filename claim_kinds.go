@@ -2,6 +2,7 @@ package pgdedup
 
 import (
 	"context"
+	"time"
 
 	"github.com/pgdedup/pgdedup/internal/engine"
 	"github.com/pgdedup/pgdedup/internal/shape"
@@ -53,8 +54,12 @@ func (s *Store) newIDClaim(call, messageID string, opts []Option) (*engine.IDCla
 	if err != nil {
 		return nil, callOptions{}, err
 	}
+	var since time.Time
+	if !o.sentAt.IsZero() {
+		since = o.sentAt.Add(-s.cfg.SentAtMargin)
+	}
 	return &engine.IDClaim{ID: s.id(messageID), Retention: o.retention, Fingerprint: o.fingerprint, WithResult: call == callProcessResult,
-		Mismatch: func(stored []byte) error {
+		Since: since, Mismatch: func(stored []byte) error {
 			return &PayloadMismatchError{MessageID: messageID, Stored: stored, Given: o.fingerprint}
 		}}, o, nil
 }

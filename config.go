@@ -97,6 +97,20 @@ type Config struct {
 	// which means a tenth of the Retention in force.
 	LateMargin time.Duration
 
+	// SentAtMargin is how much earlier than the time given to [WithSentAt]
+	// another delivery of the same ID may have been claimed. On the
+	// [LayoutPartitioned] table a claim with a time looks only in the
+	// partitions from that time less SentAtMargin on, which is what makes
+	// it cheap (see docs/partitioning.md, "Bounded claims"). So it must
+	// cover the skew between the sender's clock and the database's, and a
+	// producer's retries: a message sent again after a timeout, or replayed
+	// by a relay, is a new message with the same ID and a later time. A
+	// time set once per ID (an outbox row's creation, an event's own time)
+	// needs only the skew. A time more than SentAtMargin ahead of the
+	// consumer's clock is refused with [ErrInvalidOption]. Defaults to
+	// [DefaultSentAtMargin], an hour.
+	SentAtMargin time.Duration
+
 	// OffsetTable is the table of the offset calls, such as
 	// [Store.ProcessOffsets], with the same rules as Table. Defaults to
 	// "processed_offsets", in Table's schema if Table names one.
@@ -112,6 +126,7 @@ const (
 	DefaultMaxBatch         = 10_000               // Config.MaxBatch
 	DefaultCleanupBatchSize = 10_000               // Config.CleanupBatchSize
 	DefaultPartitions       = 12                   // Config.Partitions
+	DefaultSentAtMargin     = time.Hour            // Config.SentAtMargin
 
 	DefaultMaxResultBytes = 64 << 10 // Config.MaxResultBytes
 
@@ -138,6 +153,7 @@ func (cfg Config) withDefaults(table pgx.Identifier) Config {
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, DefaultMaxBatch)
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, DefaultCleanupBatchSize)
 	cfg.Partitions = cmp.Or(cfg.Partitions, DefaultPartitions)
+	cfg.SentAtMargin = cmp.Or(cfg.SentAtMargin, DefaultSentAtMargin)
 	cfg.MaxResultBytes = cmp.Or(cfg.MaxResultBytes, DefaultMaxResultBytes)
 	cfg.OffsetTable = cmp.Or(cfg.OffsetTable, defaultOffsetTable(table))
 	return cfg
@@ -189,6 +205,8 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
 	case cfg.MaxResultBytes < 0:
 		return nil, nil, bad("MaxResultBytes", "must not be negative, got %d", cfg.MaxResultBytes)
+	case cfg.SentAtMargin < 0:
+		return nil, nil, bad("SentAtMargin", "must not be negative, got %s", cfg.SentAtMargin)
 	case cfg.LateMargin < 0:
 		return nil, nil, bad("LateMargin", "must not be negative, got %s", cfg.LateMargin)
 	case cfg.LateMargin > 0 && cfg.LateMargin >= cmp.Or(cfg.Retention, DefaultRetention):

@@ -59,3 +59,7 @@ func (l shaped) claimOne(c *idClaim) []statement {
 	}
 	return out
 }
+
+// SetClock sets the clock that bounds s's claims on a partitioned table. Set
+// it before s's first claim.
+func SetClock(s *Store, clock func() time.Time) { s.clock = clock }

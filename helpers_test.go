@@ -23,6 +23,7 @@ type bundle struct {
 	db    *pgtest.DB
 	pool  *pgxpool.Pool
 	store *pgdedup.Store
+	times *sentTimes // the IDs' times, if claims carry them (see opts)
 }
 
 func setup(t *testing.T, cfg pgdedup.Config) *bundle {

@@ -85,7 +85,11 @@ func (s *Store) layouts(ctx context.Context, query engine.QueryRow) (*layouts, e
 	case messagesOnCitus:
 		ls.Messages, ls.plain = citus.NewPlain(s.env(), s.messages.sql), false
 	case isPartitioned:
-		ls.part = s.partitioned(partitioned.OneServer{Placement: plain.Placement(ms)})
+		span, err := s.partitionSpan(ctx, query)
+		if err != nil {
+			return nil, err
+		}
+		ls.part = s.partitionedSpan(partitioned.OneServer{Placement: plain.Placement(ms)}, span)
 	}
 	if ls.part != nil {
 		ls.Messages, ls.plain = ls.part, false
@@ -120,10 +124,34 @@ func (s *Store) env() shape.Env {
 
 // partitioned returns the partitioned shape of the Store's table on place.
 func (s *Store) partitioned(place partitioned.Placement) *partitioned.Shape {
+	return s.partitionedSpan(place, 0)
+}
+
+// partitionedSpan returns the partitioned shape of the Store's table on
+// place, whose span is known (its claims can then be bounded), or zero.
+func (s *Store) partitionedSpan(place partitioned.Placement, span time.Duration) *partitioned.Shape {
 	pool, _ := s.db.(*pgxpool.Pool)
 	conn, _ := s.db.(*pgx.Conn)
 	return partitioned.New(partitioned.Config{Env: s.env(), SQL: s.messages.sql, Meta: s.partitionMeta, Place: place,
-		Waits: &s.waits, Move: &s.move, Pool: pool, Conn: conn})
+		Waits: &s.waits, Move: &s.move, Pool: pool, Conn: conn, Span: span, Clock: s.clock})
+}
+
+// partitionSpan reads the span of the Store's partitioned table, or zero
+// if pgdedup_partitions has no row for it yet. Its claims then fail as
+// they would anyway. The first statement does not name
+// pgdedup_partitions, which may be missing, and then the span is zero too.
+func (s *Store) partitionSpan(ctx context.Context, query engine.QueryRow) (time.Duration, error) {
+	var metaExists bool
+	err := query(ctx, `SELECT to_regclass($1) IS NOT NULL`, []any{s.partitionMeta}, &metaExists)
+	var us int64
+	if err == nil && metaExists {
+		err = query(ctx, `SELECT coalesce((SELECT (extract(epoch FROM span) * 1000000)::bigint FROM `+s.partitionMeta+`
+WHERE parent = to_regclass($1)), 0)`, []any{s.messages.table}, &us)
+	}
+	if err != nil {
+		return 0, engine.FromDatabase(fmt.Errorf("pgdedup: look up the span of %s: %w", s.messages.table, withDetail(err)))
+	}
+	return time.Duration(us) * time.Microsecond, nil
 }
 
 // messageStatements are a Store's SQL for processed_messages, built once in

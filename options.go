@@ -1,6 +1,7 @@
 package pgdedup
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -64,9 +65,15 @@ func WithRetention(d time.Duration) Option {
 	return func(o *callOptions) { o.retention = d }
 }
 
-// WithSentAt gives the time the message was first sent and turns on the
-// late-message guard. The time is the broker's timestamp, such as SQS
-// SentTimestamp or a Kafka record's Timestamp. A delivery older than the
+// WithSentAt gives the time the message was first sent. It turns on the
+// late-message guard, and on the [LayoutPartitioned] table it bounds the
+// claim: only the partitions from t less [Config.SentAtMargin] on are
+// looked in and locked. The best time is one the producer sets once per ID,
+// such as an event's own time or an outbox row's creation. A broker's
+// timestamp, such as SQS SentTimestamp or a Kafka record's Timestamp, is
+// safe if the producer's retries of one ID fall within SentAtMargin. A time
+// more than SentAtMargin ahead of the consumer's clock returns
+// [ErrInvalidOption]. A delivery older than the
 // Retention in force minus [Config.LateMargin] returns [ErrTooLate] before
 // anything is sent. By then the table may have forgotten an earlier delivery
 // of the same ID, so processing it could run it twice.
@@ -121,7 +128,12 @@ func (cfg Config) callOptions(call string, opts []Option) (callOptions, error) {
 		if margin == 0 {
 			margin = retention / 10
 		}
-		if age := time.Since(o.sentAt); age > retention-margin {
+		age := time.Since(o.sentAt)
+		if ahead := cmp.Or(cfg.SentAtMargin, DefaultSentAtMargin); -age > ahead {
+			return o, fmt.Errorf("%w: WithSentAt(%s): %s ahead of this clock, more than Config.SentAtMargin (%s)",
+				ErrInvalidOption, o.sentAt.Format(time.RFC3339Nano), (-age).Round(time.Millisecond), ahead)
+		}
+		if age > retention-margin {
 			return o, fmt.Errorf("%w: sent %s ago (at %s), past the guard of %s (Retention %s minus LateMargin %s)",
 				ErrTooLate, age.Round(time.Millisecond), o.sentAt.Format(time.RFC3339Nano), retention-margin, retention, margin)
 		}

@@ -145,7 +145,7 @@ type claimResult struct {
 
 // claimAsync claims id in a new transaction on s, and commits it if
 // claimed; the result comes on the channel.
-func claimAsync(ctx context.Context, store *pgdedup.Store, s *session, id string, opts pgx.TxOptions) <-chan claimResult {
+func claimAsync(ctx context.Context, store *pgdedup.Store, s *session, id string, opts pgx.TxOptions, claimOpts ...pgdedup.Option) <-chan claimResult {
 	done := make(chan claimResult, 1)
 	go func() {
 		tx, err := s.conn.BeginTx(ctx, opts)
@@ -153,7 +153,7 @@ func claimAsync(ctx context.Context, store *pgdedup.Store, s *session, id string
 			done <- claimResult{err: err}
 			return
 		}
-		claimed, err := store.Claim(ctx, tx, id)
+		claimed, err := store.Claim(ctx, tx, id, claimOpts...)
 		if err != nil {
 			_ = tx.Rollback(ctx)
 			done <- claimResult{err: err}
@@ -166,10 +166,16 @@ func claimAsync(ctx context.Context, store *pgdedup.Store, s *session, id string
 
 // setupSwitching is setupPartitioned with partitions kept
 // ahead by keepPartitions and short waits for Cleanup: for tests that hold
-// claims open across partition switches.
-func setupSwitching(t *testing.T) *bundle {
+// claims open across partition switches. If timed, the claims of b.opts
+// carry times (bounded claims).
+func setupSwitching(t *testing.T, timed bool) *bundle {
 	t.Helper()
-	b := setupPartitioned(t, pgdedup.Config{})
+	var b *bundle
+	if timed {
+		b = withTimes(setupPartitioned(t, pgdedup.Config{Retention: 20 * time.Second, Partitions: 10, SentAtMargin: boundedMargin}))
+	} else {
+		b = setupPartitioned(t, pgdedup.Config{})
+	}
 	keepPartitions(t, b)
 	pgdedup.SetPartitionWaits(b.store, 10*time.Millisecond, time.Second)
 	return b
@@ -183,7 +189,7 @@ func openClaim(t *testing.T, ctx context.Context, b *bundle, s *session, id stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	if claimed, err := b.store.Claim(ctx, tx, id); err != nil || !claimed {
+	if claimed, err := b.store.Claim(ctx, tx, id, b.opts(id)...); err != nil || !claimed {
 		t.Fatalf("claim of %s: %v, %v", id, claimed, err)
 	}
 	// The claim's own row, the newest (hand-over copies carry the start of
@@ -202,10 +208,14 @@ func openClaim(t *testing.T, ctx context.Context, b *bundle, s *session, id stri
 // seals, and a third claim finds the ID by looking it up.
 func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 	t.Parallel()
+	timeVariants(t, testClaimInFlightAcrossSwitch)
+}
+
+func testClaimInFlightAcrossSwitch(t *testing.T, timed bool) {
 	for _, commit := range []bool{true, false} {
 		t.Run(map[bool]string{true: "commit", false: "rollback"}[commit], func(t *testing.T) {
 			t.Parallel()
-			b := setupSwitching(t)
+			b := setupSwitching(t, timed)
 			ctx := ctxT(t)
 			first, second := newSession(t, b), newSession(t, b)
 			txA, startA := openClaim(t, ctx, b, first, "x")
@@ -214,7 +224,7 @@ func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 			if _, sealed := partitionClock(t, b.pool); sealed.After(startA) {
 				t.Fatalf("the first claim's partition was sealed (before %s) while it was open (claimed at %s)", sealed, startA)
 			}
-			res := claimAsync(ctx, b.store, second, "x", pgx.TxOptions{})
+			res := claimAsync(ctx, b.store, second, "x", pgx.TxOptions{}, b.opts("x")...)
 			second.waitLocked(t, b.pool)
 			var err error
 			if commit {
@@ -236,7 +246,7 @@ func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 				_, sealed := partitionClock(t, b.pool)
 				return !sealed.Before(current)
 			})
-			if processed, err := b.store.Process(ctx, "x", charge("x")); err != nil || processed {
+			if processed, err := b.store.Process(ctx, "x", charge("x"), b.opts("x")...); err != nil || processed {
 				t.Errorf("third claim, by look-up: processed=%v err=%v, want a duplicate", processed, err)
 			}
 		})
@@ -253,7 +263,11 @@ func TestPartitionedClaimInFlightAcrossSwitch(t *testing.T) {
 // duplicate or a serialization failure, never as new.
 func TestPartitionedTxOpenAcrossSwitches(t *testing.T) {
 	t.Parallel()
-	b := setupSwitching(t)
+	timeVariants(t, testTxOpenAcrossSwitches)
+}
+
+func testTxOpenAcrossSwitches(t *testing.T, timed bool) {
+	b := setupSwitching(t, timed)
 	ctx := ctxT(t)
 	long, waiter := newSession(t, b), newSession(t, b)
 	txL, start := openClaim(t, ctx, b, long, "held")
@@ -270,11 +284,11 @@ func TestPartitionedTxOpenAcrossSwitches(t *testing.T) {
 		if _, sealed := partitionClock(t, b.pool); sealed.After(start) {
 			t.Fatalf("switch %d: sealed before %s while a claim of the partition at %s is open", i+1, sealed, start)
 		}
-		if processed, err := b.store.Process(ctx, pgtest.SeedID("other-", i), charge("other")); err != nil || !processed {
+		if processed, err := b.store.Process(ctx, pgtest.SeedID("other-", i), charge("other"), b.opts(pgtest.SeedID("other-", i))...); err != nil || !processed {
 			t.Fatalf("switch %d: another ID: processed=%v err=%v", i+1, processed, err)
 		}
 	}
-	res := claimAsync(ctx, b.store, waiter, "held", pgx.TxOptions{})
+	res := claimAsync(ctx, b.store, waiter, "held", pgx.TxOptions{}, b.opts("held")...)
 	waiter.waitLocked(t, b.pool)
 	if err := txL.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -303,10 +317,10 @@ func TestPartitionedTxOpenAcrossSwitches(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if processed, err := b.store.Process(ctx, id, charge(id)); err != nil || !processed {
+		if processed, err := b.store.Process(ctx, id, charge(id), b.opts(id)...); err != nil || !processed {
 			t.Fatalf("%s: the ID committed meanwhile: processed=%v err=%v", iso, processed, err)
 		}
-		claimed, err := b.store.Claim(ctx, txE, id)
+		claimed, err := b.store.Claim(ctx, txE, id, b.opts(id)...)
 		switch {
 		case err == nil && claimed:
 			t.Errorf("%s: a transaction older than the switches claimed %q, committed meanwhile, as new", iso, id)

@@ -45,6 +45,9 @@ type Store struct {
 	move  partitioned.MoveTimes // the online move's times, which tests set
 
 	turn plain.TurnWatch // Cleanup runs that found the cleaners' turn taken
+	// clock is the clock that bounds partitioned claims (time.Now when
+	// nil), which tests set.
+	clock func() time.Time
 }
 
 // New returns a [Store] that records IDs for cfg.Consumer in db. It checks cfg

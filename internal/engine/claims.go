@@ -54,10 +54,18 @@ type IDClaim struct {
 	// differs from Fingerprint.
 	Mismatch func(stored []byte) error
 
+	// Since, when not zero, is the earliest time a claim of the ID can have
+	// been made (shape.One.Since).
+	Since time.Time
+
 	Claimed bool   // the claim inserted the ID
 	Found   bool   // the SELECT after the claim found the ID's row
 	Stored  []byte // the fingerprint read after the claim
 	Result  []byte // the result read after the claim (WithResult)
+
+	// missed is set by a claim that the database's clock put outside its
+	// bounds, and unbounded once it did (see Missed).
+	missed, unbounded bool
 }
 
 // Statements implements [Claim].
@@ -68,8 +76,24 @@ func (c *IDClaim) Statements(l *Layouts) Statements {
 
 // One is the shape's view of c. Its callbacks fill in c.
 func (c *IDClaim) One() shape.One {
-	return shape.One{ID: c.ID, Retention: c.Retention, Fingerprint: c.Fingerprint,
+	o := shape.One{ID: c.ID, Retention: c.Retention, Fingerprint: c.Fingerprint,
 		WithResult: c.WithResult, Claimed: &c.Claimed, Stored: c.scanStored}
+	if !c.unbounded {
+		o.Since, o.Missed = c.Since, &c.missed
+	}
+	return o
+}
+
+// Missed reports whether the statements just sent missed: the database's
+// clock lay outside the bounds the client's clock chose, and nothing was
+// written. The statements are then due again, in the same transaction.
+// From then on c sends claims without bounds.
+func (c *IDClaim) Missed() bool {
+	if !c.missed {
+		return false
+	}
+	c.missed, c.unbounded = false, true
+	return true
 }
 
 // scanStored is the row callback of the SELECT after a claim with a
@@ -188,7 +212,9 @@ type ForgetClaim struct {
 
 // Statements implements [Claim].
 func (c *ForgetClaim) Statements(l *Layouts) Statements {
-	c.Found, c.claim = false, IDClaim{ID: c.ID}
+	// Forget's DELETE follows the claim in the same round trip, so the
+	// claim must not miss (see IDClaim.Missed).
+	c.Found, c.claim = false, IDClaim{ID: c.ID, unbounded: true}
 	del := l.Messages.Delete(c.ID, func(n int64) { c.Found = n > 0 && !c.claim.Claimed })
 	return Statements{Settings: l.Messages.Settings(false), Claim: append(l.Messages.ClaimOne(c.claim.One()), del)}
 }

@@ -106,9 +106,30 @@ func (e *Engine) ClaimIn(ctx context.Context, tx pgx.Tx, c Claim) error {
 	if err != nil {
 		return err
 	}
+	return e.done(ctx, c, l, sendAgain(ctx, tx, c, l, sendIn(ctx, tx, c, l)))
+}
+
+// sendIn sends c's statements on tx.
+func sendIn(ctx context.Context, tx pgx.Tx, c Claim, l *Layouts) error {
 	b := &pgx.Batch{}
 	queue(b, c.Statements(l))
-	return e.done(ctx, c, l, tx.SendBatch(ctx, b).Close())
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// missed reports whether c's statements just missed (see IDClaim.Missed).
+func missed(c Claim) bool {
+	m, ok := c.(interface{ Missed() bool })
+	return ok && m.Missed()
+}
+
+// sendAgain sends c's statements again on tx when the first send, whose
+// error is err, missed. That costs a second round trip, in the rare case
+// that the client's and the database's clocks disagree on the partition.
+func sendAgain(ctx context.Context, tx pgx.Tx, c Claim, l *Layouts, err error) error {
+	if err == nil && missed(c) {
+		err = sendIn(ctx, tx, c, l)
+	}
+	return err
 }
 
 // ClaimInSQL runs c in tx, the caller's database/sql transaction. It never
@@ -121,7 +142,11 @@ func (e *Engine) ClaimInSQL(ctx context.Context, tx *sql.Tx, c Claim) error {
 	if err != nil {
 		return err
 	}
-	return e.done(ctx, c, l, runSQL(ctx, tx, c.Statements(l)))
+	err = runSQL(ctx, tx, c.Statements(l))
+	if err == nil && missed(c) {
+		err = runSQL(ctx, tx, c.Statements(l))
+	}
+	return e.done(ctx, c, l, err)
 }
 
 // done turns the claim's answer into its outcome, its error, logs and
@@ -195,7 +220,7 @@ func (e *Engine) Apply(ctx context.Context, c Claim) error {
 		br := e.DB.SendBatch(ctx, b)
 		tx := br.Tx()
 		defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
-		if err := br.Close(); err != nil {
+		if err := sendAgain(ctx, tx, c, l, br.Close()); err != nil {
 			return e.claimError(c, l, FromDatabase(err))
 		}
 		if _, _, err := c.Outcome(); err != nil {
@@ -234,7 +259,7 @@ func (e *Engine) processOnce(ctx context.Context, c Claim, fn func(ctx context.C
 	tx := br.Tx()
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit, and pgx closes the connection on failure
 
-	if err := e.done(ctx, c, l, br.Close()); err != nil {
+	if err := e.done(ctx, c, l, sendAgain(ctx, tx, c, l, br.Close())); err != nil {
 		return false, err
 	}
 	fresh, _, _ := c.Outcome()

@@ -90,6 +90,15 @@ type One struct {
 	// Stored reads the SELECT that follows a claim with a fingerprint or for
 	// a result.
 	Stored RowFunc
+	// Since, when not zero, is the earliest time any claim of the ID can
+	// have been made: the message's first sending, less a margin. A shape
+	// may look for the ID only in what was claimed from then on.
+	Since time.Time
+	// Missed, when set, lets a shape answer with a claim that depends on
+	// the client's clock. The shape sets it when the database's clock
+	// disagreed, having written nothing. The caller then sends the claim
+	// again, in the same transaction, without Missed.
+	Missed *bool
 }
 
 // Many is the claim of a batch of IDs, sorted by key, each once.

@@ -54,6 +54,10 @@ type Config struct {
 	// Waits and Move are the Store's, which tests set.
 	Waits *Waits
 	Move  *MoveTimes
+	// Span is the table's span as found in pgdedup_partitions, or zero if
+	// unknown. Clock is the client's clock (time.Now unless a test sets it).
+	Span  time.Duration
+	Clock func() time.Time
 	// Pool or Conn is Env.DB when it is one, for a statement that needs a
 	// connection of its own (execAlone).
 	Pool *pgxpool.Pool
@@ -80,6 +84,14 @@ type Shape struct {
 	claimWith  [4]string
 	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
 	lookupSQL  string // $1 consumer, $2 id, $3 key: the newest row
+	// boundWith are the bounded claims of one ID by variant (bounded.go), or
+	// nil where the placement has claims of its own.
+	boundWith *[4]string
+	// span is the table's span, read when the Store first found the table
+	// partitioned, or zero if unknown. Bounded claims need it.
+	span time.Duration
+	// clock is the client's clock, which tests set.
+	clock func() time.Time
 	// counted is set when a claim of one ID returns the count of IDs it
 	// inserted as a row, instead of the rows it affected.
 	counted bool
@@ -123,19 +135,11 @@ func New(c Config) *Shape {
 	m := c.SQL
 	t := m.Table
 	l := &Shape{Placement: c.Place, db: c.Env.DB, log: c.Env.Log, table: t, meta: c.Meta, retention: c.Env.Retention,
-		waits: c.Waits, move: c.Move, pool: c.Pool, conn: c.Conn, sql: m}
-	// m is the clock, read once, the span, sealed, and the start of the
-	// current partition. at is the clock again, or NULL without the table's
-	// row in pgdedup_partitions. The claim then fails (no partition for
-	// NULL) instead of reporting a duplicate. h is the start of every
-	// unsealed partition before the current one. Usually there is none, or
-	// one just after a switch.
-	head := `WITH m AS MATERIALIZED (
-SELECT p.span, p.sealed, pg_catalog.date_bin(p.span, c.t, ` + Origin + `) AS lo,
-CASE WHEN p.span IS NOT NULL THEN c.t END AS at
-FROM (SELECT pg_catalog.clock_timestamp() AS t) c LEFT JOIN ` + c.Meta + ` p ON p.parent = '` + t + `'::pg_catalog.regclass),
-h AS MATERIALIZED (SELECT g FROM m, pg_catalog.generate_series(m.sealed, m.lo - m.span, m.span) g),
-`
+		waits: c.Waits, move: c.Move, pool: c.Pool, conn: c.Conn, sql: m, span: c.Span, clock: c.Clock}
+	if l.clock == nil {
+		l.clock = time.Now
+	}
+	head := headSQL(t, c.Meta, "m.sealed")
 	cols := ` (key, consumer, message_id, processed_at, expires_at)`
 	// The same for many keys. Rows go in (partition, key) order, older
 	// partitions first. Every claim takes its rows' locks in that one order,
@@ -190,16 +194,39 @@ SELECT $3::uuid, $1::text, $2::text, m.at, ` + exp + values + ` FROM m
 WHERE NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT count(*) FROM h)
 ON CONFLICT DO NOTHING`
 	}
+	l.boundWith = boundedClaims(t, c.Meta, cols, m)
 	if cl := c.Place.Claims(m, c.Meta); cl != nil {
-		l.claimWith, l.claimBatch, l.counted = cl.One, cl.Batch, true
+		l.claimWith, l.claimBatch, l.counted, l.boundWith = cl.One, cl.Batch, true, nil
 	}
 	return l
+}
+
+// headSQL is the start of every claim statement of table t with meta, the
+// table's pgdedup_partitions, up to its CTE h. from is where h starts: the
+// sealed partitions end (m.sealed), or later for a bounded claim.
+//
+// m is the clock, read once, the span, sealed, and the start of the
+// current partition. at is the clock again, or NULL without the table's
+// row in pgdedup_partitions. The claim then fails (no partition for
+// NULL) instead of reporting a duplicate. h is the start of every
+// unsealed partition before the current one. Usually there is none, or
+// one just after a switch.
+func headSQL(t, meta, from string) string {
+	return `WITH m AS MATERIALIZED (
+SELECT p.span, p.sealed, pg_catalog.date_bin(p.span, c.t, ` + Origin + `) AS lo,
+CASE WHEN p.span IS NOT NULL THEN c.t END AS at
+FROM (SELECT pg_catalog.clock_timestamp() AS t) c LEFT JOIN ` + meta + ` p ON p.parent = '` + t + `'::pg_catalog.regclass),
+h AS MATERIALIZED (SELECT g FROM m, pg_catalog.generate_series(` + from + `, m.lo - m.span, m.span) g),
+`
 }
 
 // ClaimOne is the hand-over claim. A SELECT follows it for a fingerprint or
 // a stored result, as on the plain table. All copies of a claim carry the
 // same values.
 func (l *Shape) ClaimOne(c shape.One) []shape.Statement {
+	if sts := l.claimBounded(c); sts != nil {
+		return sts
+	}
 	sts := plain.ClaimOneWith(c, l.sql, l.claimWith)
 	if l.counted {
 		claimed := c.Claimed

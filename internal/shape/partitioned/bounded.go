@@ -1,0 +1,137 @@
+package partitioned
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
+	"github.com/pgdedup/pgdedup/internal/shape/plain"
+)
+
+// A bounded claim looks only where the ID can be. Its statement names two
+// times as constants, so that the planner prunes every other partition
+// before it locks any (PostgreSQL prunes on constants when it plans, for a
+// generic plan too).
+//
+//   - The upper bound is the end of the partition after the client's
+//     current one. Partitions created ahead lie past it. A claim never
+//     looks in them, so they cost it nothing, however many there are.
+//   - The lower bound is the start of the partition of shape.One.Since:
+//     the message's first sending, less Config.SentAtMargin. No claim of
+//     the ID can be older. It looks up the sealed partitions from there
+//     on, and hands over through the unsealed ones from there on. Without
+//     a time it is -infinity, and the claim looks everywhere, as before.
+//
+// The client's clock only chooses the bounds. The database's clock still
+// decides the partition, and the statement checks that it lies between
+// them. If not, it writes nothing and answers so (shape.One.Missed), and
+// the engine sends the claim without bounds. The argument that a bounded
+// claim is exact is in docs/partitioning.md ("Bounded claims").
+//
+// The insert goes through the parent table. PostgreSQL plans an INSERT
+// into a partitioned table without locking its partitions, and opens only
+// the one its row goes to.
+
+// Bound placeholders in the templates of boundedClaims.
+const (
+	lowerMark = "{{lower}}"
+	upperMark = "{{upper}}"
+)
+
+// boundedClaims returns the templates of the bounded claims of one ID, by
+// variant as claimWith. They answer one row: how many rows the last insert
+// took (0 or 1) and whether the database's clock lay within the bounds.
+func boundedClaims(t, meta, cols string, m plain.Statements) *[4]string {
+	var out [4]string
+	// Inside the bounds: the database's current partition starts at or
+	// after the lower bound, and before the upper one.
+	head := headSQL(t, meta, "GREATEST(m.sealed, "+lowerMark+")") + `ok AS MATERIALIZED (
+SELECT coalesce(m.lo >= ` + lowerMark + ` AND m.lo < ` + upperMark + `, false) AS inside FROM m),
+`
+	within := ` AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + upperMark
+	for v := range out {
+		cols, values, exp, n := cols, "", m.Expires, 4
+		if v&plain.ClaimRetention != 0 {
+			exp = fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
+			n++
+		}
+		if v&plain.ClaimFingerprint != 0 {
+			cols = strings.TrimSuffix(cols, ")") + ", fingerprint)"
+			values = fmt.Sprintf(", $%d::bytea", n)
+		}
+		out[v] = head + `seen AS MATERIALIZED (
+SELECT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
+AND x.processed_at < (SELECT sealed FROM m)` + within + `)
+OR EXISTS (SELECT 1 FROM ` + t + ` x WHERE (SELECT count(*) FROM h) > 1 AND x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
+AND x.processed_at >= (SELECT sealed FROM m)` + within + `) AS found),
+older AS (
+INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, h.g, ` + exp + values + ` FROM h WHERE (SELECT inside FROM ok) AND NOT (SELECT found FROM seen) ORDER BY h.g
+ON CONFLICT DO NOTHING RETURNING 1),
+last AS (
+INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, m.at, ` + exp + values + ` FROM m
+WHERE (SELECT inside FROM ok) AND NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT count(*) FROM h)
+ON CONFLICT DO NOTHING RETURNING 1)
+SELECT (SELECT count(*) FROM last), (SELECT inside FROM ok)`
+	}
+	return &out
+}
+
+// claimBounded returns the bounded claim of c, or nil where c or the table
+// has none: c takes no answer of Missed, the placement claims in its own
+// way, or the span is not known.
+func (l *Shape) claimBounded(c shape.One) []shape.Statement {
+	if c.Missed == nil || l.boundWith == nil || l.span <= 0 {
+		return nil
+	}
+	lower, upper := l.bounds(c.Since, l.clock())
+	var sqls [4]string
+	r := strings.NewReplacer(lowerMark, lower, upperMark, upper)
+	for v, tmpl := range l.boundWith {
+		sqls[v] = r.Replace(tmpl)
+	}
+	sts := plain.ClaimOneWith(c, l.sql, sqls)
+	claimed, missed := c.Claimed, c.Missed
+	sts[0].Affected = nil
+	sts[0].Row = func(scan func(dest ...any) error) error {
+		var n int64
+		var inside bool
+		err := scan(&n, &inside)
+		*claimed, *missed = n == 1, !inside
+		return err
+	}
+	return sts
+}
+
+// bounds returns the constants of a bounded claim made at now on the
+// client's clock: the start of since's partition, or -infinity if since
+// is zero, and the end of the partition after now's.
+func (l *Shape) bounds(since, now time.Time) (lower, upper string) {
+	lower = `'-infinity'::pg_catalog.timestamptz`
+	if !since.IsZero() {
+		lower = timestampLiteral(spanStart(since, l.span))
+	}
+	return lower, timestampLiteral(spanStart(now, l.span).Add(2 * l.span))
+}
+
+// origin is Origin as a time.
+var origin = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// spanStart is date_bin(span, t, Origin): the start of the partition that
+// holds t.
+func spanStart(t time.Time, span time.Duration) time.Time {
+	d := t.Sub(origin)
+	n := d / span
+	if d < 0 && d%span != 0 {
+		n--
+	}
+	return origin.Add(n * span)
+}
+
+// timestampLiteral is t as a timestamptz constant, in UTC to the
+// microsecond.
+func timestampLiteral(t time.Time) string {
+	return `'` + t.UTC().Format("2006-01-02 15:04:05.999999") + `+00'::pg_catalog.timestamptz`
+}

@@ -1,0 +1,240 @@
+package pgdedup_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdedup/pgdedup"
+	"github.com/pgdedup/pgdedup/internal/pgtest"
+)
+
+// sentTimes gives each ID the time it was first sent, as a producer would.
+// A broker's redelivery keeps it (see bundle.opts).
+type sentTimes struct {
+	mu    sync.Mutex
+	first map[string]time.Time
+}
+
+// opts are the options of a claim of id in b: WithSentAt with id's first
+// time if b's claims carry times, else none.
+func (b *bundle) opts(id string) []pgdedup.Option {
+	if b.times == nil {
+		return nil
+	}
+	b.times.mu.Lock()
+	defer b.times.mu.Unlock()
+	t, ok := b.times.first[id]
+	if !ok {
+		t = time.Now()
+		b.times.first[id] = t
+	}
+	return []pgdedup.Option{pgdedup.WithSentAt(t)}
+}
+
+// withTimes makes b's claims carry times (see opts).
+func withTimes(b *bundle) *bundle {
+	b.times = &sentTimes{first: map[string]time.Time{}}
+	return b
+}
+
+// timeVariants runs f without and with times on the claims: once as
+// before, once bounded by SentAtMargin (50 ms, a same-machine clock).
+func timeVariants(t *testing.T, f func(t *testing.T, timed bool)) {
+	for _, timed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no-time", true: "time"}[timed], func(t *testing.T) {
+			t.Parallel()
+			f(t, timed)
+		})
+	}
+}
+
+// boundedMargin is SentAtMargin in the tests of bounded claims. The test
+// and the database share a machine, so their clocks agree.
+const boundedMargin = 50 * time.Millisecond
+
+// partitionsLocked returns the partitions of processed_messages that tx
+// holds a lock on, by start.
+func partitionsLocked(t *testing.T, tx pgx.Tx) []time.Time {
+	t.Helper()
+	rows, err := tx.Query(context.Background(), `SELECT b.m[1]::timestamptz
+FROM pg_locks l JOIN pg_inherits i ON i.inhrelid = l.relation AND i.inhparent = 'processed_messages'::regclass
+JOIN pg_class c ON c.oid = i.inhrelid
+CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)') AS b(m)
+WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return starts
+}
+
+// A claim with a time locks only the partitions that can hold its ID: from
+// the partition of its time less SentAtMargin to the one after the
+// current one. A claim without a time locks no partition created ahead.
+// The table has a Retention of hourly partitions behind the current one and
+// two days of them ahead.
+func TestBoundedClaimLocksOnlyItsPartitions(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusColumn() != "" {
+		t.Log("on Citus the claim is a function of its own; this checks the one-server claim")
+		return
+	}
+	const n = 12
+	b := setupPartitioned(t, pgdedup.Config{Retention: n * time.Hour, Partitions: n, SentAtMargin: 10 * time.Minute})
+	// Setup's one partition for the past Retention is replaced by hourly
+	// ones.
+	mustExec(t, b.pool, fmt.Sprintf(`DO $$ DECLARE r record; cur timestamptz := date_bin('1 hour', now(), '2000-01-01'); k int; BEGIN
+FOR r IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE inhparent = 'processed_messages'::regclass
+  AND (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz <= cur LOOP
+  EXECUTE format('ALTER TABLE processed_messages DETACH PARTITION %%I', r.relname);
+  EXECUTE format('DROP TABLE %%I', r.relname);
+END LOOP;
+FOR k IN -%d..48 LOOP
+  IF NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'processed_messages'::regclass
+      AND (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz = cur + k * interval '1 hour') THEN
+    EXECUTE format('CREATE TABLE %%I PARTITION OF processed_messages FOR VALUES FROM (%%L) TO (%%L)', 'extra_' || (k + 100),
+      cur + k * interval '1 hour', cur + (k + 1) * interval '1 hour');
+    EXECUTE format('CREATE UNIQUE INDEX ON %%I (key)', 'extra_' || (k + 100));
+  END IF;
+END LOOP; END $$`, n))
+	ctx := ctxT(t)
+	cases := []struct {
+		name string
+		opts []pgdedup.Option
+		from time.Duration // the earliest partition locked may start this long before the current one
+	}{
+		{"no time", nil, -n * time.Hour},
+		{"sent now", []pgdedup.Option{pgdedup.WithSentAt(time.Now())}, -time.Hour},
+		{"sent 3h ago", []pgdedup.Option{pgdedup.WithSentAt(time.Now().Add(-3 * time.Hour))}, -4 * time.Hour},
+	}
+	for i, c := range cases {
+		conn := newSession(t, b) // a session of its own: the claim plans
+		tx, err := conn.conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if claimed, err := b.store.Claim(ctx, tx, fmt.Sprintf("m%d", i), c.opts...); err != nil || !claimed {
+			t.Fatalf("%s: Claim: %v %v", c.name, claimed, err)
+		}
+		current, _ := partitionClock(t, b.pool)
+		locked := partitionsLocked(t, tx)
+		_ = tx.Rollback(ctx)
+		t.Logf("%s: %d partitions locked, %s to %s", c.name, len(locked), locked[0], locked[len(locked)-1])
+		for _, p := range locked {
+			if p.After(current.Add(time.Hour)) {
+				t.Errorf("%s: locked the partition at %s, created ahead of the current one (%s) and the next", c.name, p, current)
+			}
+			if p.Before(current.Add(c.from)) {
+				t.Errorf("%s: locked the partition at %s, older than its ID can be (from %s)", c.name, p, current.Add(c.from))
+			}
+		}
+	}
+}
+
+// Redeliveries with the message's first time find it across switches and
+// seals, with the cleaner running, and so does a producer's retry whose
+// time is later by less than SentAtMargin. Each ID's order is charged once.
+func TestBoundedClaimRedeliveriesAcrossSwitches(t *testing.T) {
+	t.Parallel()
+	const margin = time.Second
+	b := setupPartitioned(t, pgdedup.Config{Retention: 10 * time.Second, Partitions: 10, SentAtMargin: margin}) // 1 s spans
+	keepPartitions(t, b)
+	ctx := ctxT(t)
+	sent := map[string]time.Time{}
+	for i := range 20 {
+		id := fmt.Sprintf("m%d", i)
+		sent[id] = time.Now()
+		if processed, err := b.store.Process(ctx, id, charge(id), pgdedup.WithSentAt(sent[id])); err != nil || !processed {
+			t.Fatalf("first delivery of %s: %v %v", id, processed, err)
+		}
+	}
+	for round := range 3 {
+		waitSwitch(t, b.pool)
+		for id, at := range sent {
+			// The broker's redelivery keeps the time. A producer's retry,
+			// sent again after a timeout, has a later one, within the margin.
+			for _, opt := range []pgdedup.Option{pgdedup.WithSentAt(at), pgdedup.WithSentAt(at.Add(margin - 100*time.Millisecond))} {
+				if processed, err := b.store.Process(ctx, id, charge(id), opt); err != nil || processed {
+					t.Fatalf("round %d: redelivery of %s: processed=%v err=%v, want a duplicate", round, id, processed, err)
+				}
+			}
+		}
+	}
+	if _, sealed := partitionClock(t, b.pool); !sealed.After(sent["m0"]) {
+		t.Errorf("the first deliveries' partition was never sealed (sealed up to %s): the redeliveries did not cross a seal", sealed)
+	}
+	for id, n := range chargesPerOrder(t, b.pool) {
+		if n != 1 {
+			t.Errorf("%s charged %d times, want 1", id, n)
+		}
+	}
+}
+
+// A time further ahead of the consumer's clock than SentAtMargin is refused
+// before anything is sent. Within the margin it is accepted.
+func TestBoundedClaimRefusesFutureTimes(t *testing.T) {
+	t.Parallel()
+	b := setupPartitioned(t, pgdedup.Config{SentAtMargin: time.Minute})
+	ctx := ctxT(t)
+	_, err := b.store.Process(ctx, "m1", charge("o1"), pgdedup.WithSentAt(time.Now().Add(2*time.Minute)))
+	if !errors.Is(err, pgdedup.ErrInvalidOption) {
+		t.Fatalf("a time 2 minutes ahead: %v, want ErrInvalidOption", err)
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("%d IDs recorded after a refused call, want 0", n)
+	}
+	if processed, err := b.store.Process(ctx, "m1", charge("o1"), pgdedup.WithSentAt(time.Now().Add(30*time.Second))); err != nil || !processed {
+		t.Fatalf("a time 30 s ahead: processed=%v err=%v, want processed", processed, err)
+	}
+}
+
+// When the client's clock puts the claim's bounds away from the database's
+// partition, the claim writes nothing, says so, and is sent again without
+// bounds in the same transaction: still exactly once, in the caller's
+// transaction too. A client clock behind by ten spans misses every time.
+// One ahead by ten spans only looks in more partitions.
+func TestBoundedClaimClockMisses(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []time.Duration{-20 * time.Second, 20 * time.Second} {
+		t.Run(fmt.Sprint(skew), func(t *testing.T) {
+			t.Parallel()
+			b := setupPartitioned(t, pgdedup.Config{SentAtMargin: boundedMargin}) // 2 s spans
+			keepPartitions(t, b)
+			store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", SentAtMargin: boundedMargin})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pgdedup.SetClock(store, func() time.Time { return time.Now().Add(skew) })
+			ctx := ctxT(t)
+			sent := time.Now()
+			for i := range 2 {
+				if processed, err := store.Process(ctx, "m1", charge("o1"), pgdedup.WithSentAt(sent)); err != nil || processed != (i == 0) {
+					t.Fatalf("Process #%d: processed=%v err=%v", i+1, processed, err)
+				}
+				err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+					claimed, err := store.Claim(ctx, tx, "m1", pgdedup.WithSentAt(sent))
+					if err != nil || claimed {
+						t.Errorf("Claim #%d in the caller's transaction: claimed=%v err=%v, want a duplicate", i+1, claimed, err)
+					}
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				waitSwitch(t, b.pool)
+			}
+			if n := chargesPerOrder(t, b.pool)["o1"]; n != 1 {
+				t.Errorf("o1 charged %d times, want 1", n)
+			}
+		})
+	}
+}
