@@ -63,10 +63,16 @@ type IDClaim struct {
 	Stored  []byte // the fingerprint read after the claim
 	Result  []byte // the result read after the claim (WithResult)
 
-	// missed is set by a claim that the database's clock put outside its
-	// bounds, and unbounded once it did (see Missed).
-	missed, unbounded bool
+	// missed is set by a claim whose guess the database refuted, and tried
+	// counts them (see Missed). A claim that must not miss starts at
+	// noGuess.
+	missed bool
+	tried  int
 }
+
+// noGuess is the tries after which a claim no longer guesses: a lean guess,
+// then one bounded by the client's clock, then none.
+const noGuess = 2
 
 // Statements implements [Claim].
 func (c *IDClaim) Statements(l *Layouts) Statements {
@@ -78,21 +84,22 @@ func (c *IDClaim) Statements(l *Layouts) Statements {
 func (c *IDClaim) One() shape.One {
 	o := shape.One{ID: c.ID, Retention: c.Retention, Fingerprint: c.Fingerprint,
 		WithResult: c.WithResult, Claimed: &c.Claimed, Stored: c.scanStored}
-	if !c.unbounded {
-		o.Since, o.Missed = c.Since, &c.missed
+	if c.tried < noGuess {
+		o.Since, o.Missed, o.Tried = c.Since, &c.missed, c.tried
 	}
 	return o
 }
 
-// Missed reports whether the statements just sent missed: the database's
-// clock lay outside the bounds the client's clock chose, and nothing was
-// written. The statements are then due again, in the same transaction.
-// From then on c sends claims without bounds.
+// Missed reports whether the statements just sent missed: the database
+// refuted the shape's guess (shape.One.Missed), and nothing was written.
+// The statements are then due again, in the same transaction, guessing
+// less.
 func (c *IDClaim) Missed() bool {
 	if !c.missed {
 		return false
 	}
-	c.missed, c.unbounded = false, true
+	c.missed = false
+	c.tried++
 	return true
 }
 
@@ -214,7 +221,7 @@ type ForgetClaim struct {
 func (c *ForgetClaim) Statements(l *Layouts) Statements {
 	// Forget's DELETE follows the claim in the same round trip, so the
 	// claim must not miss (see IDClaim.Missed).
-	c.Found, c.claim = false, IDClaim{ID: c.ID, unbounded: true}
+	c.Found, c.claim = false, IDClaim{ID: c.ID, tried: noGuess}
 	del := l.Messages.Delete(c.ID, func(n int64) { c.Found = n > 0 && !c.claim.Claimed })
 	return Statements{Settings: l.Messages.Settings(false), Claim: append(l.Messages.ClaimOne(c.claim.One()), del)}
 }

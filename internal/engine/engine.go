@@ -122,11 +122,11 @@ func missed(c Claim) bool {
 	return ok && m.Missed()
 }
 
-// sendAgain sends c's statements again on tx when the first send, whose
-// error is err, missed. That costs a second round trip, in the rare case
-// that the client's and the database's clocks disagree on the partition.
+// sendAgain sends c's statements again on tx while the last send, whose
+// error is err, missed. Each costs a round trip. A claim guesses twice at
+// most, and the guesses are seldom wrong (see shape.One.Missed).
 func sendAgain(ctx context.Context, tx pgx.Tx, c Claim, l *Layouts, err error) error {
-	if err == nil && missed(c) {
+	for err == nil && missed(c) {
 		err = sendIn(ctx, tx, c, l)
 	}
 	return err
@@ -143,7 +143,7 @@ func (e *Engine) ClaimInSQL(ctx context.Context, tx *sql.Tx, c Claim) error {
 		return err
 	}
 	err = runSQL(ctx, tx, c.Statements(l))
-	if err == nil && missed(c) {
+	for err == nil && missed(c) {
 		err = runSQL(ctx, tx, c.Statements(l))
 	}
 	return e.done(ctx, c, l, err)

@@ -94,11 +94,13 @@ type One struct {
 	// have been made: the message's first sending, less a margin. A shape
 	// may look for the ID only in what was claimed from then on.
 	Since time.Time
-	// Missed, when set, lets a shape answer with a claim that depends on
-	// the client's clock. The shape sets it when the database's clock
-	// disagreed, having written nothing. The caller then sends the claim
-	// again, in the same transaction, without Missed.
+	// Missed, when set, lets a shape answer with a claim that guesses from
+	// the client's clock. The shape sets it when the guess was wrong, having
+	// written nothing. The caller then sends the claim again, in the same
+	// transaction, with Tried one more. Tried is how many claims of the ID
+	// missed so far. A shape guesses less with each.
 	Missed *bool
+	Tried  int
 }
 
 // Many is the claim of a batch of IDs, sorted by key, each once.

@@ -39,10 +39,57 @@ const (
 	upperMark = "{{upper}}"
 )
 
-// boundedClaims returns the templates of the bounded claims of one ID, by
-// variant as claimWith. They answer one row: how many rows the last insert
-// took (0 or 1) and whether the database's clock lay within the bounds.
-func boundedClaims(t, meta, cols string, m plain.Statements) *[4]string {
+// boundedClaims returns the templates of the claims of one ID, by variant
+// as claimWith: the lean ones first, then the bounded ones. Each answers one
+// row: how many rows its last insert took (0 or 1), and whether the guess
+// held. The lean claim guesses that no partition before the current one
+// waits to be sealed, which is so but for the moments after a switch. Then
+// it is one look-up in the sealed partitions within the bounds and one
+// insert. The bounded claim guesses only that the database's clock lies
+// within the bounds, and hands over as the claim without bounds does.
+func boundedClaims(t, meta, cols string, m plain.Statements) (lean, bounded *[4]string) {
+	return leanClaims(t, meta, cols, m), fullClaims(t, meta, cols, m)
+}
+
+// variantSQL returns the expires_at expression, the extra column list and
+// the extra values of a claim of variant v.
+func variantSQL(v int, cols string, m plain.Statements) (string, string, string) {
+	values, exp, n := "", m.Expires, 4
+	if v&plain.ClaimRetention != 0 {
+		exp = fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
+		n++
+	}
+	if v&plain.ClaimFingerprint != 0 {
+		cols = strings.TrimSuffix(cols, ")") + ", fingerprint)"
+		values = fmt.Sprintf(", $%d::bytea", n)
+	}
+	return exp, cols, values
+}
+
+// leanClaims are the lean claims by variant. m holds the clock, read once,
+// and sealed. ok says that sealed is where the clock's partition starts,
+// within the bounds.
+func leanClaims(t, meta, cols string, m plain.Statements) *[4]string {
+	var out [4]string
+	for v := range out {
+		exp, cols, values := variantSQL(v, cols, m)
+		out[v] = `WITH m AS MATERIALIZED (
+SELECT c.t, p.sealed, coalesce(p.sealed = pg_catalog.date_bin(p.span, c.t, ` + Origin + `) AND p.sealed >= ` + lowerMark +
+			` AND p.sealed < ` + upperMark + `, false) AS ok
+FROM (SELECT pg_catalog.clock_timestamp() AS t) c LEFT JOIN ` + meta + ` p ON p.parent = '` + t + `'::pg_catalog.regclass),
+last AS (
+INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, m.t, ` + exp + values + ` FROM m WHERE m.ok
+AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
+AND x.processed_at < m.sealed AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + upperMark + `)
+ON CONFLICT DO NOTHING RETURNING 1)
+SELECT (SELECT count(*) FROM last), (SELECT ok FROM m)`
+	}
+	return &out
+}
+
+// fullClaims are the bounded claims by variant.
+func fullClaims(t, meta, cols string, m plain.Statements) *[4]string {
 	var out [4]string
 	// Inside the bounds: the database's current partition starts at or
 	// after the lower bound, and before the upper one.
@@ -51,15 +98,7 @@ SELECT coalesce(m.lo >= ` + lowerMark + ` AND m.lo < ` + upperMark + `, false) A
 `
 	within := ` AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + upperMark
 	for v := range out {
-		cols, values, exp, n := cols, "", m.Expires, 4
-		if v&plain.ClaimRetention != 0 {
-			exp = fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
-			n++
-		}
-		if v&plain.ClaimFingerprint != 0 {
-			cols = strings.TrimSuffix(cols, ")") + ", fingerprint)"
-			values = fmt.Sprintf(", $%d::bytea", n)
-		}
+		exp, cols, values := variantSQL(v, cols, m)
 		out[v] = head + `seen AS MATERIALIZED (
 SELECT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
 AND x.processed_at < (SELECT sealed FROM m)` + within + `)
@@ -86,10 +125,14 @@ func (l *Shape) claimBounded(c shape.One) []shape.Statement {
 	if c.Missed == nil || l.boundWith == nil || l.span <= 0 {
 		return nil
 	}
+	tmpls := l.leanWith
+	if c.Tried > 0 {
+		tmpls = l.boundWith
+	}
 	lower, upper := l.bounds(c.Since, l.clock())
 	var sqls [4]string
 	r := strings.NewReplacer(lowerMark, lower, upperMark, upper)
-	for v, tmpl := range l.boundWith {
+	for v, tmpl := range tmpls {
 		sqls[v] = r.Replace(tmpl)
 	}
 	sts := plain.ClaimOneWith(c, l.sql, sqls)

@@ -84,9 +84,9 @@ type Shape struct {
 	claimWith  [4]string
 	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
 	lookupSQL  string // $1 consumer, $2 id, $3 key: the newest row
-	// boundWith are the bounded claims of one ID by variant (bounded.go), or
-	// nil where the placement has claims of its own.
-	boundWith *[4]string
+	// leanWith and boundWith are the claims of one ID that guess, by variant
+	// (bounded.go), or nil where the placement has claims of its own.
+	leanWith, boundWith *[4]string
 	// span is the table's span, read when the Store first found the table
 	// partitioned, or zero if unknown. Bounded claims need it.
 	span time.Duration
@@ -194,9 +194,9 @@ SELECT $3::uuid, $1::text, $2::text, m.at, ` + exp + values + ` FROM m
 WHERE NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT count(*) FROM h)
 ON CONFLICT DO NOTHING`
 	}
-	l.boundWith = boundedClaims(t, c.Meta, cols, m)
+	l.leanWith, l.boundWith = boundedClaims(t, c.Meta, cols, m)
 	if cl := c.Place.Claims(m, c.Meta); cl != nil {
-		l.claimWith, l.claimBatch, l.counted, l.boundWith = cl.One, cl.Batch, true, nil
+		l.claimWith, l.claimBatch, l.counted, l.leanWith, l.boundWith = cl.One, cl.Batch, true, nil, nil
 	}
 	return l
 }
