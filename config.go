@@ -131,7 +131,7 @@ const (
 	DefaultMaxResultBytes = 64 << 10 // Config.MaxResultBytes
 
 	MinPartitionSpan = 100 * time.Millisecond // the shortest Retention ÷ Partitions accepted
-	MaxPartitions    = 60                     // the most Config.Partitions accepted, since claims lock every partition
+	MaxPartitions    = 60                     // the most Config.Partitions accepted, since a claim without a time locks every partition of the Retention
 
 	MinRetention   = time.Second // the shortest Config.Retention accepted
 	MaxConsumerLen = 255         // the longest Config.Consumer accepted, in bytes
@@ -196,10 +196,10 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 		return nil, nil, bad("Layout", "is %d, neither LayoutPlain nor LayoutPartitioned", int(cfg.Layout))
 	case cfg.Partitions < 0:
 		return nil, nil, bad("Partitions", "must not be negative, got %d", cfg.Partitions)
-	case partitioned.AttachedPartitions(cmp.Or(cfg.Partitions, DefaultPartitions)) > maxAttachedPartitions:
-		return nil, nil, bad("Partitions", "%d is over %d: every claim locks each attached partition and its indexes (about %d locks with %d attached) "+
+	case cmp.Or(cfg.Partitions, DefaultPartitions) > MaxPartitions:
+		return nil, nil, bad("Partitions", "%d is over %d: a claim without a time locks each partition of the Retention and its indexes (about %d locks with %d partitions) "+
 			"in PostgreSQL's shared lock table (max_locks_per_transaction × max_connections); make fewer, longer partitions",
-			cmp.Or(cfg.Partitions, DefaultPartitions), MaxPartitions, partitioned.ClaimLocks(maxAttachedPartitions), maxAttachedPartitions)
+			cmp.Or(cfg.Partitions, DefaultPartitions), MaxPartitions, partitioned.ClaimLocks(partitioned.LockedPartitions(MaxPartitions)), MaxPartitions)
 	case cfg.Layout == LayoutPartitioned && cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)) < MinPartitionSpan:
 		return nil, nil, bad("Partitions", "%d would make partitions of %s, shorter than %s", cmp.Or(cfg.Partitions, DefaultPartitions),
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
@@ -218,10 +218,6 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 	offsets, err = parseTable("OffsetTable", cmp.Or(cfg.OffsetTable, defaultOffsetTable(table)))
 	return table, offsets, err
 }
-
-// maxAttachedPartitions is the most partitions attached in the steady state
-// at MaxPartitions.
-var maxAttachedPartitions = partitioned.AttachedPartitions(MaxPartitions)
 
 // Layout is the shape of the dedup table (see [Config.Layout]).
 type Layout int

@@ -108,13 +108,15 @@ FOR k IN -%d..48 LOOP
 END LOOP; END $$`, n))
 	ctx := ctxT(t)
 	cases := []struct {
-		name string
-		opts []pgdedup.Option
-		from time.Duration // the earliest partition locked may start this long before the current one
+		name  string
+		opts  []pgdedup.Option
+		from  time.Duration // the earliest partition locked may start this long before the current one
+		batch bool
 	}{
-		{"no time", nil, -n * time.Hour},
-		{"sent now", []pgdedup.Option{pgdedup.WithSentAt(time.Now())}, -time.Hour},
-		{"sent 3h ago", []pgdedup.Option{pgdedup.WithSentAt(time.Now().Add(-3 * time.Hour))}, -4 * time.Hour},
+		{"no time", nil, -n * time.Hour, false},
+		{"sent now", []pgdedup.Option{pgdedup.WithSentAt(time.Now())}, -time.Hour, false},
+		{"sent 3h ago", []pgdedup.Option{pgdedup.WithSentAt(time.Now().Add(-3 * time.Hour))}, -4 * time.Hour, false},
+		{"batch", nil, -n * time.Hour, true},
 	}
 	for i, c := range cases {
 		conn := newSession(t, b) // a session of its own: the claim plans
@@ -122,7 +124,11 @@ END LOOP; END $$`, n))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if claimed, err := b.store.Claim(ctx, tx, fmt.Sprintf("m%d", i), c.opts...); err != nil || !claimed {
+		if c.batch {
+			if fresh, err := b.store.ClaimBatch(ctx, tx, []string{"b1", "b2"}); err != nil || len(fresh) != 2 {
+				t.Fatalf("%s: ClaimBatch: %v %v", c.name, fresh, err)
+			}
+		} else if claimed, err := b.store.Claim(ctx, tx, fmt.Sprintf("m%d", i), c.opts...); err != nil || !claimed {
 			t.Fatalf("%s: Claim: %v %v", c.name, claimed, err)
 		}
 		current, _ := partitionClock(t, b.pool)
@@ -224,6 +230,11 @@ func TestBoundedClaimClockMisses(t *testing.T) {
 					claimed, err := store.Claim(ctx, tx, "m1", pgdedup.WithSentAt(sent))
 					if err != nil || claimed {
 						t.Errorf("Claim #%d in the caller's transaction: claimed=%v err=%v, want a duplicate", i+1, claimed, err)
+					}
+					id := fmt.Sprint("b", i)
+					fresh, err := store.ClaimBatch(ctx, tx, []string{"m1", id, "b0"})
+					if err != nil || len(fresh) != 1 || fresh[0] != id {
+						t.Errorf("ClaimBatch #%d: fresh=%v err=%v, want [%s]", i+1, fresh, err, id)
 					}
 					return err
 				})

@@ -89,7 +89,11 @@ func TestPartitionedRoundTrips(t *testing.T) {
 	if got := measure(duplicate); got != 2 {
 		t.Errorf("Process of a duplicate: %d round trips, want 2", got)
 	}
-	timed := func() error { n++; _, err := store.Process(ctx, fmt.Sprint("m", n), charge("o"), pgdedup.WithSentAt(time.Now())); return err }
+	timed := func() error {
+		n++
+		_, err := store.Process(ctx, fmt.Sprint("m", n), charge("o"), pgdedup.WithSentAt(time.Now()))
+		return err
+	}
 	_ = timed() // its statement names its bounds: the first is prepared
 	if got := measure(timed); got != 3 {
 		t.Errorf("Process of a new message with a time: %d round trips, want 3", got)

@@ -154,13 +154,28 @@ type BatchClaim struct {
 	// of Sorted[i].
 	Sorted, Keys []string
 	fresh        map[string]struct{}
+	// missed is set by a claim whose guess the database refuted. A batch
+	// guesses once (see Missed).
+	missed, guessed bool
 }
 
 // Statements implements [Claim].
 func (c *BatchClaim) Statements(l *Layouts) Statements {
 	c.fresh = make(map[string]struct{}, len(c.Sorted))
-	return Statements{Settings: l.Messages.Settings(true),
-		Claim: l.Messages.ClaimMany(shape.Many{Consumer: c.Consumer, IDs: c.Sorted, Keys: c.Keys, Fresh: c.addFresh})}
+	m := shape.Many{Consumer: c.Consumer, IDs: c.Sorted, Keys: c.Keys, Fresh: c.addFresh}
+	if !c.guessed {
+		m.Missed = &c.missed
+	}
+	return Statements{Settings: l.Messages.Settings(true), Claim: l.Messages.ClaimMany(m)}
+}
+
+// Missed is as IDClaim's. A batch's second claim does not guess.
+func (c *BatchClaim) Missed() bool {
+	if !c.missed {
+		return false
+	}
+	c.missed, c.guessed = false, true
+	return true
 }
 
 // addFresh is the row callback of a batch claim's statements. They return

@@ -109,6 +109,9 @@ type Many struct {
 	IDs, Keys []string
 	// Fresh reads each ID the claim inserted.
 	Fresh RowFunc
+	// Missed is as One's: when set, the shape may guess from the client's
+	// clock, and sets it when the guess was wrong, having written nothing.
+	Missed *bool
 }
 
 // Shape is how the dedup table is laid out, on its placement.

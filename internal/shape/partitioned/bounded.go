@@ -178,3 +178,59 @@ func spanStart(t time.Time, span time.Duration) time.Time {
 func timestampLiteral(t time.Time) string {
 	return `'` + t.UTC().Format("2006-01-02 15:04:05.999999") + `+00'::pg_catalog.timestamptz`
 }
+
+// boundedBatch is the template of the bounded claim of many IDs: the claim
+// of many IDs without bounds (partitioned.go), with the upper bound. It
+// answers the IDs it inserted, and a NULL if the database's clock lay past
+// the upper bound. A batch carries no time, so its lower bound is
+// -infinity.
+func boundedBatch(t, meta, cols string, m plain.Statements) string {
+	within := ` AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + upperMark
+	return headSQL(t, meta, "GREATEST(m.sealed, "+lowerMark+")") + `ok AS MATERIALIZED (
+SELECT coalesce(m.lo >= ` + lowerMark + ` AND m.lo < ` + upperMark + `, false) AS inside FROM m),
+ids AS MATERIALIZED (SELECT k, id, n FROM unnest($3::uuid[], $2::text[]) WITH ORDINALITY AS u(k, id, n)),
+seen AS MATERIALIZED (
+SELECT x.key FROM ` + t + ` x WHERE x.key = ANY ($3::uuid[]) AND x.processed_at < (SELECT sealed FROM m)` + within + `
+UNION ALL
+SELECT x.key FROM ` + t + ` x WHERE (SELECT count(*) FROM h) > 1 AND x.key = ANY ($3::uuid[]) AND x.processed_at >= (SELECT sealed FROM m)` + within + `),
+older AS (
+INSERT INTO ` + t + cols + `
+SELECT ids.k, $1::text, ids.id, h.g, ` + m.Expires + ` FROM h, ids WHERE (SELECT inside FROM ok) AND ids.k NOT IN (SELECT key FROM seen) ORDER BY h.g, ids.n
+ON CONFLICT DO NOTHING RETURNING key),
+won AS (SELECT key FROM older GROUP BY key HAVING count(*) = (SELECT count(*) FROM h)),
+last AS (
+INSERT INTO ` + t + cols + `
+SELECT ids.k, $1::text, ids.id, m.at, ` + m.Expires + ` FROM m, ids
+WHERE (SELECT inside FROM ok) AND ids.k NOT IN (SELECT key FROM seen) AND ((SELECT count(*) FROM h) = 0 OR ids.k IN (SELECT key FROM won))
+ORDER BY ids.n
+ON CONFLICT DO NOTHING
+RETURNING message_id)
+SELECT message_id FROM last
+UNION ALL
+SELECT NULL WHERE NOT (SELECT inside FROM ok)`
+}
+
+// claimManyBounded returns the bounded claim of c's IDs, or nil where c or
+// the table has none (as claimBounded).
+func (l *Shape) claimManyBounded(c shape.Many) []shape.Statement {
+	if c.Missed == nil || l.boundBatch == "" || l.span <= 0 {
+		return nil
+	}
+	lower, upper := l.bounds(time.Time{}, l.clock())
+	sql := strings.NewReplacer(lowerMark, lower, upperMark, upper).Replace(l.boundBatch)
+	fresh, missed := c.Fresh, c.Missed
+	return []shape.Statement{{SQL: sql, Args: []any{c.Consumer, c.IDs, c.Keys}, Row: func(scan func(dest ...any) error) error {
+		var id *string
+		if err := scan(&id); err != nil {
+			return err
+		}
+		if id == nil {
+			*missed = true
+			return nil
+		}
+		return fresh(func(dest ...any) error {
+			*dest[0].(*string) = *id
+			return nil
+		})
+	}}}
+}

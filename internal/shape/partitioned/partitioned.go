@@ -87,6 +87,7 @@ type Shape struct {
 	// leanWith and boundWith are the claims of one ID that guess, by variant
 	// (bounded.go), or nil where the placement has claims of its own.
 	leanWith, boundWith *[4]string
+	boundBatch          string // the bounded claim of many IDs, or "" (bounded.go)
 	// span is the table's span, read when the Store first found the table
 	// partitioned, or zero if unknown. Bounded claims need it.
 	span time.Duration
@@ -195,8 +196,9 @@ WHERE NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT co
 ON CONFLICT DO NOTHING`
 	}
 	l.leanWith, l.boundWith = boundedClaims(t, c.Meta, cols, m)
+	l.boundBatch = boundedBatch(t, c.Meta, cols, m)
 	if cl := c.Place.Claims(m, c.Meta); cl != nil {
-		l.claimWith, l.claimBatch, l.counted, l.leanWith, l.boundWith = cl.One, cl.Batch, true, nil, nil
+		l.claimWith, l.claimBatch, l.counted, l.leanWith, l.boundWith, l.boundBatch = cl.One, cl.Batch, true, nil, nil, ""
 	}
 	return l
 }
@@ -258,6 +260,9 @@ func (l *Shape) Delete(id shape.ID, affected func(int64)) shape.Statement {
 
 // ClaimMany is the hand-over claim of many keys.
 func (l *Shape) ClaimMany(c shape.Many) []shape.Statement {
+	if sts := l.claimManyBounded(c); sts != nil {
+		return sts
+	}
 	return []shape.Statement{{SQL: l.claimBatch, Args: []any{c.Consumer, c.IDs, c.Keys}, Row: c.Fresh}}
 }
 
