@@ -66,6 +66,13 @@ var layouts = []string{layoutPlain, layoutPartitioned}
 // still crosses dozens of switches and seals.
 const partitionSpan = time.Second
 
+// sentAtMargin is the Stores' SentAtMargin. Every message of a scenario is
+// sent when it starts, and its claims pass that time (WithSentAt), the
+// broker's redeliveries and the retries keeping it. So the claims on the
+// partitioned table are bounded, looking only from a second before the
+// scenario began. The test and the database share a machine and its clock.
+const sentAtMargin = time.Second
+
 // StartCleanerLoad makes db's processed_messages of layout (Store.Setup for
 // layoutPartitioned, before anything is written), seeds the rows and starts
 // the cleaner (every 50ms, in batches of 250) and the short-retention
@@ -170,6 +177,28 @@ func (c *CleanerLoad) LastSuccess() time.Time {
 		return time.Unix(0, n)
 	}
 	return time.Time{}
+}
+
+// WaitSealed waits, on the partitioned table, until the cleaner has sealed
+// at least 2 partitions since the load began, for 30 s at most (Stop then
+// fails). A scenario that is done sooner still has its final claims cross
+// seals.
+func (c *CleanerLoad) WaitSealed(t testing.TB) {
+	t.Helper()
+	if c.layout != layoutPartitioned {
+		return
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		sealed, err := c.sealed(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sealed.Sub(c.sealedAtStart) >= 2*c.span {
+			return
+		}
+		time.Sleep(c.span / 10)
+	}
 }
 
 // sealed reads where the partitioned table's sealed stands.

@@ -26,10 +26,10 @@ func TestAmbiguousCommit(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout, func(t *testing.T) {
 			t.Run("Process", func(t *testing.T) {
-				testAmbiguousCommit(t, layout, 800, 1, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+				testAmbiguousCommit(t, layout, 800, 1, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string, sent time.Time) (int, error) {
 					ok, err := store.Process(ctx, ids[0], func(ctx context.Context, tx pgx.Tx) error {
 						return ledger.Write(ctx, tx, ids[0])
-					})
+					}, pgdedup.WithSentAt(sent))
 					if ok {
 						return 1, err
 					}
@@ -37,7 +37,7 @@ func TestAmbiguousCommit(t *testing.T) {
 				})
 			})
 			t.Run("ProcessBatch", func(t *testing.T) {
-				testAmbiguousCommit(t, layout, 2000, 5, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (int, error) {
+				testAmbiguousCommit(t, layout, 2000, 5, func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string, _ time.Time) (int, error) {
 					fresh, err := store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
 						for _, id := range fresh {
 							if err := ledger.Write(ctx, tx, id); err != nil {
@@ -53,8 +53,9 @@ func TestAmbiguousCommit(t *testing.T) {
 	}
 }
 
-// deliverFunc delivers a batch of messages once and returns how many were new.
-type deliverFunc func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string) (fresh int, err error)
+// deliverFunc delivers a batch of messages, sent at sent, once and returns
+// how many were new.
+type deliverFunc func(ctx context.Context, store *pgdedup.Store, ledger *Ledger, ids []string, sent time.Time) (fresh int, err error)
 
 // testAmbiguousCommit delivers n messages, batch at a time, on a table of
 // layout.
@@ -62,6 +63,7 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 	const workers = 8
 	n = scaled(n)
 	ctx := testCtx(t, 5*time.Minute) // a hang guard, not a time limit
+	sent := time.Now()               // when every message is sent
 	db := pgtest.New(t)
 	ledger, err := NewLedger(ctx, db.Pool, "ledger")
 	if err != nil {
@@ -80,7 +82,7 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 	}})
 	pool := pgtest.Pool(t, proxied, workers)
 	var retries atomic.Int64
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "ambiguous", MaxAttempts: 5,
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "ambiguous", MaxAttempts: 5, SentAtMargin: sentAtMargin,
 		OnEvent: func(_ context.Context, e pgdedup.Event) {
 			if e.Kind == pgdedup.EventRetry {
 				retries.Add(1)
@@ -100,7 +102,7 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 			for chunk := range work {
 				// Deliver until it succeeds, as a broker redelivers a nacked message.
 				for ctx.Err() == nil {
-					fresh, err := deliver(ctx, store, ledger, chunk)
+					fresh, err := deliver(ctx, store, ledger, chunk, sent)
 					if err != nil {
 						failed.Add(1)
 						continue
@@ -139,6 +141,6 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 	}
 	// Checked while the cleaner runs: it creates the partitions that the
 	// check claims in.
-	assertStillDuplicates(t, db.Pool, "ambiguous", ids)
+	assertStillDuplicates(t, db.Pool, "ambiguous", ids, cleaner, sent)
 	cleaner.Stop(t)
 }

@@ -17,11 +17,12 @@ import (
 
 // The environment of a consumer process, set by the crash scenario.
 const (
-	envRecipe = "PGDEDUP_FAULTS_RECIPE" // recipePgdedup, recipeMarkFirst or recipeMarkAfter
-	envURL    = "PGDEDUP_FAULTS_URL"    // database, search_path included
-	envRedis  = "PGDEDUP_FAULTS_REDIS"  // Redis host:port
-	envPrefix = "PGDEDUP_FAULTS_PREFIX" // Redis key prefix
-	envCrash  = "PGDEDUP_FAULTS_CRASH"  // probability that a delivery crashes
+	envRecipe = "PGDEDUP_FAULTS_RECIPE"  // recipePgdedup, recipeMarkFirst or recipeMarkAfter
+	envURL    = "PGDEDUP_FAULTS_URL"     // database, search_path included
+	envRedis  = "PGDEDUP_FAULTS_REDIS"   // Redis host:port
+	envPrefix = "PGDEDUP_FAULTS_PREFIX"  // Redis key prefix
+	envCrash  = "PGDEDUP_FAULTS_CRASH"   // probability that a delivery crashes
+	envSentAt = "PGDEDUP_FAULTS_SENT_AT" // when the messages were sent (RFC 3339)
 )
 
 // The recipes the crash scenario compares.
@@ -52,6 +53,7 @@ type consumer struct {
 	pool   *pgxpool.Pool
 	ledger *Ledger
 	store  *pgdedup.Store
+	sent   time.Time // the messages' time, passed with WithSentAt
 	redis  *RESP
 	prefix string
 	crashP float64
@@ -85,7 +87,11 @@ func runConsumer(recipe string) int {
 		return 2
 	}
 	if recipe == recipePgdedup {
-		if c.store, err = pgdedup.New(pool, pgdedup.Config{Consumer: crashConsumer, Retention: time.Hour}); err != nil {
+		if c.sent, err = time.Parse(time.RFC3339Nano, os.Getenv(envSentAt)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		if c.store, err = pgdedup.New(pool, pgdedup.Config{Consumer: crashConsumer, Retention: time.Hour, SentAtMargin: sentAtMargin}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
@@ -152,7 +158,7 @@ func (c *consumer) viaPgdedup(ctx context.Context, id string) error {
 		}
 		c.crash(2, id)
 		return nil
-	})
+	}, pgdedup.WithSentAt(c.sent))
 	if err == nil {
 		c.crash(3, id)
 	}

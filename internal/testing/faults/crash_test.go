@@ -69,7 +69,9 @@ func testCrashes(t *testing.T, recipe, layout string) {
 	if err := q.Enqueue(ctx, ids); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), envRecipe+"="+recipe, envURL+"="+db.URL, envCrash+"="+strconv.FormatFloat(crashP, 'f', -1, 64))
+	sent := time.Now()
+	env := append(os.Environ(), envRecipe+"="+recipe, envURL+"="+db.URL, envCrash+"="+strconv.FormatFloat(crashP, 'f', -1, 64),
+		envSentAt+"="+sent.Format(time.RFC3339Nano))
 	var cleaner *CleanerLoad
 	if recipe == recipePgdedup {
 		cleaner = StartCleanerLoad(t, db.Pool, layout)
@@ -139,7 +141,7 @@ func testCrashes(t *testing.T, recipe, layout string) {
 		assertExactlyOnce(t, tally)
 		// Checked while the cleaner runs: it creates the partitions that the
 		// check claims in.
-		assertStillDuplicates(t, db.Pool, crashConsumer, ids)
+		assertStillDuplicates(t, db.Pool, crashConsumer, ids, cleaner, sent)
 		cleaner.Stop(t)
 	case recipeMarkFirst:
 		// Every crash between SET and COMMIT loses its message; nothing doubles.

@@ -60,10 +60,13 @@ func assertExactlyOnce(t *testing.T, tally Tally) {
 
 // assertStillDuplicates fails t unless every one of ids is still recorded for
 // consumer: claimed again, inside a transaction that is rolled back, none is
-// fresh.
-func assertStillDuplicates(t *testing.T, pool *pgxpool.Pool, consumer string, ids []string) {
+// fresh. On the partitioned table it first waits for the cleaner to seal 2
+// partitions, so that the claims cross seals. Some are claimed one by one
+// with sent, the time of their first sending, as bounded claims.
+func assertStillDuplicates(t *testing.T, pool *pgxpool.Pool, consumer string, ids []string, cleaner *CleanerLoad, sent time.Time) {
 	t.Helper()
-	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: consumer})
+	cleaner.WaitSealed(t)
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: consumer, SentAtMargin: sentAtMargin})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,5 +82,12 @@ func assertStillDuplicates(t *testing.T, pool *pgxpool.Pool, consumer string, id
 	}
 	if len(fresh) != 0 {
 		t.Errorf("%d of %d processed IDs are no longer recorded, e.g. %q", len(fresh), len(ids), fresh[0])
+	}
+	// A broker's redelivery keeps the message's time: bounded claims of
+	// every tenth ID, after the seals.
+	for i := 0; i < len(ids); i += 10 {
+		if claimed, err := store.Claim(ctx, tx, ids[i], pgdedup.WithSentAt(sent)); err != nil || claimed {
+			t.Fatalf("a redelivery of %q with its time: claimed=%v err=%v, want a duplicate", ids[i], claimed, err)
+		}
 	}
 }
