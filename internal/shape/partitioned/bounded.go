@@ -3,6 +3,7 @@ package partitioned
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pgdedup/pgdedup/internal/shape"
@@ -125,16 +126,19 @@ func (l *Shape) claimBounded(c shape.One) []shape.Statement {
 	if c.Missed == nil || l.boundWith == nil || l.span <= 0 {
 		return nil
 	}
-	tmpls := l.leanWith
-	if c.Tried > 0 {
-		tmpls = l.boundWith
+	v := 0
+	if c.Retention != 0 {
+		v |= plain.ClaimRetention
 	}
-	lower, upper := l.bounds(c.Since, l.clock())
+	if c.Fingerprint != nil {
+		v |= plain.ClaimFingerprint
+	}
+	tmpls, lean := l.boundWith, c.Tried == 0
+	if lean {
+		tmpls = l.leanWith
+	}
 	var sqls [4]string
-	r := strings.NewReplacer(lowerMark, lower, upperMark, upper)
-	for v, tmpl := range tmpls {
-		sqls[v] = r.Replace(tmpl)
-	}
+	sqls[v] = l.render(tmpls[v], renderKey{lean: lean, variant: v}, c.Since)
 	sts := plain.ClaimOneWith(c, l.sql, sqls)
 	claimed, missed := c.Claimed, c.Missed
 	sts[0].Affected = nil
@@ -148,15 +152,45 @@ func (l *Shape) claimBounded(c shape.One) []shape.Statement {
 	return sts
 }
 
-// bounds returns the constants of a bounded claim made at now on the
-// client's clock: the start of since's partition, or -infinity if since
-// is zero, and the end of the partition after now's.
-func (l *Shape) bounds(since, now time.Time) (lower, upper string) {
-	lower = `'-infinity'::pg_catalog.timestamptz`
+// rendered are the statements of bounded claims for one upper bound, by
+// what else they depend on. A claim renders its statement once per span
+// and kind, not once per call.
+type rendered struct {
+	upper time.Time
+	sqls  sync.Map // renderKey → string
+}
+
+// renderKey is what a rendered statement depends on besides the upper
+// bound.
+type renderKey struct {
+	lean, batch bool
+	variant     int
+	lower       time.Time // zero: -infinity
+}
+
+// render returns tmpl with the bounds of a claim made now on the client's
+// clock: the start of since's partition, or -infinity if since is zero,
+// and the end of the partition after now's.
+func (l *Shape) render(tmpl string, key renderKey, since time.Time) string {
+	upper := spanStart(l.clock(), l.span).Add(2 * l.span)
 	if !since.IsZero() {
-		lower = timestampLiteral(spanStart(since, l.span))
+		key.lower = spanStart(since, l.span)
 	}
-	return lower, timestampLiteral(spanStart(now, l.span).Add(2 * l.span))
+	r := l.rendered.Load()
+	if r == nil || !r.upper.Equal(upper) {
+		r = &rendered{upper: upper}
+		l.rendered.Store(r)
+	}
+	if s, ok := r.sqls.Load(key); ok {
+		return s.(string)
+	}
+	lower := `'-infinity'::pg_catalog.timestamptz`
+	if !key.lower.IsZero() {
+		lower = timestampLiteral(key.lower)
+	}
+	s := strings.NewReplacer(lowerMark, lower, upperMark, timestampLiteral(upper)).Replace(tmpl)
+	r.sqls.Store(key, s)
+	return s
 }
 
 // origin is Origin as a time.
@@ -216,8 +250,7 @@ func (l *Shape) claimManyBounded(c shape.Many) []shape.Statement {
 	if c.Missed == nil || l.boundBatch == "" || l.span <= 0 {
 		return nil
 	}
-	lower, upper := l.bounds(time.Time{}, l.clock())
-	sql := strings.NewReplacer(lowerMark, lower, upperMark, upper).Replace(l.boundBatch)
+	sql := l.render(l.boundBatch, renderKey{batch: true}, time.Time{})
 	fresh, missed := c.Fresh, c.Missed
 	return []shape.Statement{{SQL: sql, Args: []any{c.Consumer, c.IDs, c.Keys}, Row: func(scan func(dest ...any) error) error {
 		var id *string

@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -93,6 +94,8 @@ type Shape struct {
 	span time.Duration
 	// clock is the client's clock, which tests set.
 	clock func() time.Time
+	// rendered caches the bounded claims' statements (bounded.go).
+	rendered atomic.Pointer[rendered]
 	// counted is set when a claim of one ID returns the count of IDs it
 	// inserted as a row, instead of the rows it affected.
 	counted bool
