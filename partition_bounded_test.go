@@ -116,6 +116,7 @@ END LOOP; END $$`, n))
 		{"no time", nil, -n * time.Hour, false},
 		{"sent now", []pgdedup.Option{pgdedup.WithSentAt(time.Now())}, -time.Hour, false},
 		{"sent 3h ago", []pgdedup.Option{pgdedup.WithSentAt(time.Now().Add(-3 * time.Hour))}, -4 * time.Hour, false},
+		{"fingerprint, sent now", []pgdedup.Option{pgdedup.WithSentAt(time.Now()), pgdedup.WithFingerprint([]byte("p"))}, -time.Hour, false},
 		{"batch", nil, -n * time.Hour, true},
 	}
 	for i, c := range cases {

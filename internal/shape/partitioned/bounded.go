@@ -40,6 +40,14 @@ const (
 	upperMark = "{{upper}}"
 )
 
+// boundedStored bounds the SELECT after a claim (plain.Statements'
+// StoredFingerprint and StoredResult). Its renderKey variants are these.
+const (
+	boundedStored     = ` AND processed_at >= ` + lowerMark + ` AND processed_at < ` + upperMark
+	storedFingerprint = -1
+	storedResult      = -2
+)
+
 // boundedClaims returns the templates of the claims of one ID, by variant
 // as claimWith: the lean ones first, then the bounded ones. Each answers one
 // row: how many rows its last insert took (0 or 1), and whether the guess
@@ -139,7 +147,16 @@ func (l *Shape) claimBounded(c shape.One) []shape.Statement {
 	}
 	var sqls [4]string
 	sqls[v] = l.render(tmpls[v], renderKey{lean: lean, variant: v}, c.Since)
-	sts := plain.ClaimOneWith(c, l.sql, sqls)
+	// The SELECT that reads the row back for a fingerprint or a result is
+	// bounded alike: the ID's rows lie within the bounds.
+	stored := l.sql
+	switch {
+	case c.WithResult:
+		stored.StoredResult = l.render(l.sql.StoredResult+boundedStored, renderKey{variant: storedResult}, c.Since)
+	case c.Fingerprint != nil:
+		stored.StoredFingerprint = l.render(l.sql.StoredFingerprint+boundedStored, renderKey{variant: storedFingerprint}, c.Since)
+	}
+	sts := plain.ClaimOneWith(c, stored, sqls)
 	claimed, missed := c.Claimed, c.Missed
 	sts[0].Affected = nil
 	sts[0].Row = func(scan func(dest ...any) error) error {
