@@ -97,6 +97,17 @@ type Config struct {
 	// which means a tenth of the Retention in force.
 	LateMargin time.Duration
 
+	// Runway is how far ahead of the current partition [Store.Cleanup]
+	// keeps partitions of the [LayoutPartitioned] table created: claims go
+	// on that long after the last cleanup, and a stopped cleaner is an
+	// outage only then (Stats.PartitionRunway shows what is left). Partitions
+	// ahead cost a claim nothing. It is at least 3 partitions, and a run
+	// creates at most 8, nearest first, so a long runway fills over a few
+	// runs. Defaults to [DefaultRunway] (48 hours) or the Retention, if
+	// shorter, and to at most [MaxAheadPartitions] partitions. A longer one
+	// given here is refused.
+	Runway time.Duration
+
 	// SentAtMargin is how much earlier than the time given to [WithSentAt]
 	// another delivery of the same ID may have been claimed. On the
 	// [LayoutPartitioned] table a claim with a time looks only in the
@@ -127,11 +138,15 @@ const (
 	DefaultCleanupBatchSize = 10_000               // Config.CleanupBatchSize
 	DefaultPartitions       = 12                   // Config.Partitions
 	DefaultSentAtMargin     = time.Hour            // Config.SentAtMargin
+	DefaultRunway           = 48 * time.Hour       // Config.Runway, at most the Retention
 
 	DefaultMaxResultBytes = 64 << 10 // Config.MaxResultBytes
 
 	MinPartitionSpan = 100 * time.Millisecond // the shortest Retention ÷ Partitions accepted
 	MaxPartitions    = 60                     // the most Config.Partitions accepted, since a claim without a time locks every partition of the Retention
+	// MaxAheadPartitions is the most partitions ahead of the current one
+	// that Config.Runway may ask for.
+	MaxAheadPartitions = partitioned.MaxAhead
 
 	MinRetention   = time.Second // the shortest Config.Retention accepted
 	MaxConsumerLen = 255         // the longest Config.Consumer accepted, in bytes
@@ -154,6 +169,12 @@ func (cfg Config) withDefaults(table pgx.Identifier) Config {
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, DefaultCleanupBatchSize)
 	cfg.Partitions = cmp.Or(cfg.Partitions, DefaultPartitions)
 	cfg.SentAtMargin = cmp.Or(cfg.SentAtMargin, DefaultSentAtMargin)
+	if cfg.Runway == 0 {
+		cfg.Runway = min(DefaultRunway, cfg.Retention)
+		if span := cfg.Retention / time.Duration(cfg.Partitions); span > 0 {
+			cfg.Runway = min(cfg.Runway, MaxAheadPartitions*span)
+		}
+	}
 	cfg.MaxResultBytes = cmp.Or(cfg.MaxResultBytes, DefaultMaxResultBytes)
 	cfg.OffsetTable = cmp.Or(cfg.OffsetTable, defaultOffsetTable(table))
 	return cfg
@@ -205,6 +226,11 @@ func (cfg Config) tables() (table, offsets pgx.Identifier, err error) {
 			cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)), MinPartitionSpan)
 	case cfg.MaxResultBytes < 0:
 		return nil, nil, bad("MaxResultBytes", "must not be negative, got %d", cfg.MaxResultBytes)
+	case cfg.Runway < 0:
+		return nil, nil, bad("Runway", "must not be negative, got %s", cfg.Runway)
+	case cfg.Runway > MaxAheadPartitions*(cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions))):
+		return nil, nil, bad("Runway", "%s would need more than %d partitions of %s ahead: give a shorter runway, or make longer partitions",
+			cfg.Runway, MaxAheadPartitions, cmp.Or(cfg.Retention, DefaultRetention)/time.Duration(cmp.Or(cfg.Partitions, DefaultPartitions)))
 	case cfg.SentAtMargin < 0:
 		return nil, nil, bad("SentAtMargin", "must not be negative, got %s", cfg.SentAtMargin)
 	case cfg.LateMargin < 0:

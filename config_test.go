@@ -49,6 +49,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative max batch":     {pgdedup.Config{Consumer: "c", MaxBatch: -1}, "MaxBatch"},
 		"partitions over the max": {pgdedup.Config{Consumer: "c", Layout: pgdedup.LayoutPartitioned, Retention: 14 * 24 * time.Hour,
 			Partitions: pgdedup.MaxPartitions + 1}, "Partitions"},
+		"negative runway":         {pgdedup.Config{Consumer: "c", Runway: -time.Hour}, "Runway"},
+		"runway of 65 partitions": {pgdedup.Config{Consumer: "c", Retention: 12 * time.Hour, Partitions: 12, Runway: 65 * time.Hour}, "Runway"},
+		"negative sent-at margin": {pgdedup.Config{Consumer: "c", SentAtMargin: -time.Second}, "SentAtMargin"},
 		"hourly for 14 days": {pgdedup.Config{Consumer: "c", Layout: pgdedup.LayoutPartitioned, Retention: 14 * 24 * time.Hour,
 			Partitions: 14 * 24}, "Partitions"},
 	}

@@ -133,7 +133,7 @@ func (s *Store) partitionedSpan(place partitioned.Placement, span time.Duration)
 	pool, _ := s.db.(*pgxpool.Pool)
 	conn, _ := s.db.(*pgx.Conn)
 	return partitioned.New(partitioned.Config{Env: s.env(), SQL: s.messages.sql, Meta: s.partitionMeta, Place: place,
-		Waits: &s.waits, Move: &s.move, Pool: pool, Conn: conn, Span: span, Clock: s.clock})
+		Waits: &s.waits, Move: &s.move, Pool: pool, Conn: conn, Span: span, Clock: s.clock, Runway: s.cfg.Runway})
 }
 
 // partitionSpan reads the span of the Store's partitioned table, or zero

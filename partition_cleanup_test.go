@@ -63,7 +63,7 @@ func keepPartitions(t *testing.T, b *bundle) {
 // sealWait, until the test ends.
 func keepPartitionsEvery(t *testing.T, b *bundle, interval, sealWait time.Duration) {
 	t.Helper()
-	store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "keeper"})
+	store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "keeper", Runway: fewestAhead})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -188,7 +188,7 @@ WHERE i.inhparent = 'processed_messages'::regclass AND b.m[1]::timestamptz > clo
 		var wg sync.WaitGroup
 		errs := make([]error, 4)
 		for i := range errs {
-			store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: fmt.Sprint("cleaner", i)})
+			store, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: fmt.Sprint("cleaner", i), Runway: fewestAhead})
 			if err != nil {
 				t.Fatal(err)
 			}

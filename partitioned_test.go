@@ -1,6 +1,7 @@
 package pgdedup_test
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"testing"
@@ -17,18 +18,25 @@ import (
 // setupPartitioned is setup with the table made Partitioned by Store.Setup:
 // Retention ÷ Partitions is the span (cfg's, or 2 s). In the Citus pass the
 // suite's processed_messages is distributed, and so is the partitioned one.
+// Its cleanups keep the fewest partitions ahead (3) unless cfg says
+// otherwise: creating partitions is slow on Citus, and the tests of the
+// runway set theirs.
 func setupPartitioned(t *testing.T, cfg pgdedup.Config) *bundle {
 	t.Helper()
 	cfg.Layout = pgdedup.LayoutPartitioned
 	if cfg.Retention == 0 {
 		cfg.Retention, cfg.Partitions = 20*time.Second, 10
 	}
+	cfg.Runway = cmp.Or(cfg.Runway, fewestAhead)
 	b := setup(t, cfg)
 	if err := b.store.Setup(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	return b
 }
+
+// fewestAhead is a Config.Runway that keeps the fewest partitions ahead.
+const fewestAhead = time.Millisecond
 
 func TestPartitionedClaims(t *testing.T) {
 	t.Parallel()

@@ -11,7 +11,7 @@ import (
 	"github.com/pgdedup/pgdedup"
 )
 
-const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [--json] [--turn-wait D] [--retention D] [flags]
+const cleanupHelp = `Usage: pgdedup cleanup [--batch N] [--dry-run] [--json] [--turn-wait D] [--retention D] [--runway D] [flags]
 
 Deletes the message IDs whose retention has passed (expires_at before now),
 of every consumer in the table, in transactions of at most N rows each, and
@@ -19,7 +19,7 @@ prints how many rows it deleted and how long it took. Rows that have not
 expired are never touched. Exits non-zero on failure; the batches committed
 before a failure stay deleted, so the next run picks up where it stopped.
 On a partitioned table (docs/partitioning.md) it creates the partitions
-ahead, seals and drops the partitions that ended --retention ago (give the
+ahead (--runway; at most 8 per round, nearest first), seals and drops the partitions that ended --retention ago (give the
 consumers' Retention) and whose rows have all expired, and prints each
 partition it created and dropped with its span; the rows are PostgreSQL's
 estimate.
@@ -62,10 +62,14 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	turnWait := fs.Duration("turn-wait", 30*time.Second, "wait up to `D` for another cleaner's turn to end, then fail")
 	retention := fs.Duration("retention", pgdedup.DefaultRetention,
 		"partitioned table: drop a partition only once it ended `D` ago (give the consumers' Config.Retention)")
+	runway := fs.Duration("runway", 0,
+		"partitioned table: keep partitions created `D` ahead, e.g. 48h (default: Config.Runway's, 48h or --retention if shorter)")
 	_, code, ok := c.parseArgs(fs, args, 0, "")
 	switch {
 	case !ok:
 		return code
+	case *runway < 0:
+		return c.usageError("--runway must not be negative, got %s", *runway)
 	case *batch <= 0:
 		return c.usageError("--batch must be a positive number of rows, got %d", *batch)
 	case *timeout < 0:
@@ -88,6 +92,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	store, conn, code := c.openStore(ctx, pgdedup.Config{
 		CleanupBatchSize: *batch,
 		Retention:        *retention,
+		Runway:           *runway,
 		CleanupTurnWait:  max(*turnWait, time.Nanosecond), // 0 means one try, failing without the turn
 		Logger:           logger,
 		OnEvent: func(_ context.Context, e pgdedup.Event) {

@@ -34,7 +34,7 @@ func CreateAhead(ctx context.Context, interval time.Duration, current func(ctx c
 			case <-t.C:
 			}
 			if l := current(ctx); l != nil {
-				created, err := l.createPartitions(ctx, 0)
+				created, err := l.createPartitions(ctx, 0, 0)
 				switch {
 				case err != nil && ctx.Err() == nil:
 					l.log.WarnContext(ctx, "pgdedup: create partitions ahead", "table", l.table, "error", err)

@@ -26,12 +26,28 @@ import (
 // detached partition, which no claim reads any more. A placement that
 // distributes the table detaches in its own way (Placement.Detach).
 
-// Ahead is how many partitions after the current one Cleanup keeps created.
-// Claims fail (no partition for their time) if no Cleanup runs for that
-// many spans. Every claim's look-up locks every partition that exists
-// (PostgreSQL locks all partitions of a generic plan). So the count is kept
-// small.
-const Ahead = 3
+// Ahead is the fewest partitions after the current one that Cleanup keeps
+// created. It keeps as many as the runway asks (Config.Runway, see
+// AheadFor), at most MaxAhead. Claims fail (no partition for their time)
+// if no Cleanup runs for that long. Partitions ahead cost a claim nothing:
+// its statement's upper bound prunes them (bounded.go).
+const (
+	Ahead    = 3
+	MaxAhead = 64
+	// createPerRound is the most partitions one round of creation makes,
+	// nearest first. A long runway is filled over a few runs, so that no run
+	// spends long on DDL, which is distributed on Citus.
+	createPerRound = 8
+)
+
+// AheadFor is how many partitions ahead of the current one cover runway
+// with partitions of span: at least Ahead, at most MaxAhead.
+func AheadFor(runway, span time.Duration) int {
+	if span <= 0 {
+		return Ahead
+	}
+	return min(max(int((runway+span-1)/span), Ahead), MaxAhead)
+}
 
 // defaultSealWait is how long one Cleanup waits for the transactions that
 // hold a lock on the table to end before it seals. If some are still open,
@@ -125,7 +141,7 @@ WHERE i.inhparent = '`+l.table+`'::pg_catalog.regclass ORDER BY 4`)
 // and Dropped.
 func (l *Shape) Cleanup(ctx context.Context, e *shape.Report) (deleted int64, skipped bool, err error) {
 	e.Created, e.Dropped = []shape.Span{}, []shape.Span{}
-	created, err := l.createPartitions(ctx, 0)
+	created, err := l.createPartitions(ctx, 0, 0)
 	e.Created = append(e.Created, created...)
 	// Starved creation, like starved sealing, is reported once the rest is
 	// done.
@@ -206,20 +222,21 @@ func partitionNameV1(parent string, from time.Time) string {
 	return parent[:30] + strings.TrimPrefix(partitionName(parent, from), shortPrefix(parent))
 }
 
-// createPartitions creates the partitions from the current one to
-// Ahead after it that are missing (and, given back, one covering
+// createPartitions creates the partitions from the current one to ahead
+// after it (zero: the runway's end, AheadFor) that are missing, nearest
+// first and createPerRound at most per round (and, given back, one covering
 // back before the current one if none is older), each as a table of its own with
 // its unique index on key and index on expires_at, then attached, each in a
 // transaction of its own. It returns the partitions it created, oldest
 // first, and an error wrapping shape.ErrCleanupStarved if a lock held some up.
-func (l *Shape) createPartitions(ctx context.Context, back time.Duration) ([]shape.Span, error) {
+func (l *Shape) createPartitions(ctx context.Context, back time.Duration, ahead int) ([]shape.Span, error) {
 	// Creating partitions can take longer than a span (distributed DDL on a
 	// loaded Citus cluster). So once a round has created some, the next
 	// counts the partitions ahead again from the current one, until a round
 	// creates none.
 	var all []shape.Span
 	for round := 0; round < 4; round++ {
-		made, err := l.createPartitionsOnce(ctx, back)
+		made, err := l.createPartitionsOnce(ctx, back, ahead)
 		all = append(all, made...)
 		if err != nil || len(made) == 0 {
 			return all, err
@@ -230,7 +247,7 @@ func (l *Shape) createPartitions(ctx context.Context, back time.Duration) ([]sha
 }
 
 // createPartitionsOnce is one round of createPartitions.
-func (l *Shape) createPartitionsOnce(ctx context.Context, back time.Duration) ([]shape.Span, error) {
+func (l *Shape) createPartitionsOnce(ctx context.Context, back time.Duration, ahead int) ([]shape.Span, error) {
 	st, err := l.readPartitions(ctx)
 	if err != nil {
 		return nil, err
@@ -248,9 +265,12 @@ func (l *Shape) createPartitionsOnce(ctx context.Context, back time.Duration) ([
 		from := st.current.Add(-(back + st.span - 1) / st.span * st.span)
 		created = append(created, shape.Span{Name: partitionName(st.name, from), From: from.UTC(), To: st.current.UTC()})
 	}
-	for k := range Ahead + 1 {
+	if ahead == 0 {
+		ahead = AheadFor(l.runway, st.span)
+	}
+	for k := range ahead + 1 {
 		from := st.current.Add(time.Duration(k) * st.span)
-		if !covered(from) {
+		if !covered(from) && len(created) < createPerRound {
 			created = append(created, shape.Span{Name: partitionName(st.name, from), From: from.UTC(), To: from.Add(st.span).UTC()})
 		}
 	}

@@ -24,3 +24,22 @@ func TestRunwayLeft(t *testing.T) {
 		t.Errorf("runway with no partition for now = %s, want 0", got)
 	}
 }
+
+// The partitions ahead cover the runway, at least Ahead and at most
+// MaxAhead.
+func TestAheadFor(t *testing.T) {
+	for _, c := range []struct {
+		runway, span time.Duration
+		want         int
+	}{
+		{48 * time.Hour, 4 * time.Hour, 12},
+		{49 * time.Hour, 4 * time.Hour, 13},
+		{time.Millisecond, 2 * time.Second, Ahead},
+		{48 * time.Hour, 2 * time.Second, MaxAhead},
+		{time.Hour, 0, Ahead},
+	} {
+		if got := AheadFor(c.runway, c.span); got != c.want {
+			t.Errorf("AheadFor(%s, %s) = %d, want %d", c.runway, c.span, got, c.want)
+		}
+	}
+}

@@ -55,6 +55,9 @@ type Config struct {
 	// Waits and Move are the Store's, which tests set.
 	Waits *Waits
 	Move  *MoveTimes
+	// Runway is how far ahead of the current partition Cleanup keeps
+	// partitions created (Config.Runway, its default applied).
+	Runway time.Duration
 	// Span is the table's span as found in pgdedup_partitions, or zero if
 	// unknown. Clock is the client's clock (time.Now unless a test sets it).
 	Span  time.Duration
@@ -89,6 +92,8 @@ type Shape struct {
 	// (bounded.go), or nil where the placement has claims of its own.
 	leanWith, boundWith *[4]string
 	boundBatch          string // the bounded claim of many IDs, or "" (bounded.go)
+	// runway is Config.Runway (AheadFor).
+	runway time.Duration
 	// span is the table's span, read when the Store first found the table
 	// partitioned, or zero if unknown. Bounded claims need it.
 	span time.Duration
@@ -139,7 +144,7 @@ func New(c Config) *Shape {
 	m := c.SQL
 	t := m.Table
 	l := &Shape{Placement: c.Place, db: c.Env.DB, log: c.Env.Log, table: t, meta: c.Meta, retention: c.Env.Retention,
-		waits: c.Waits, move: c.Move, pool: c.Pool, conn: c.Conn, sql: m, span: c.Span, clock: c.Clock}
+		waits: c.Waits, move: c.Move, pool: c.Pool, conn: c.Conn, sql: m, span: c.Span, clock: c.Clock, runway: c.Runway}
 	if l.clock == nil {
 		l.clock = time.Now
 	}

@@ -33,7 +33,7 @@ func (l *Shape) Setup(ctx context.Context, span time.Duration, relook func()) er
 			return err
 		}
 		relook()
-		_, err := l.createPartitions(ctx, 0)
+		_, err := l.createPartitions(ctx, 0, Ahead)
 		return err
 	}
 	send := func() error {
@@ -79,7 +79,8 @@ func (l *Shape) Setup(ctx context.Context, span time.Duration, relook func()) er
 	// Partitions for the past Retention are made too, for IDs imported
 	// with their original times. They are sealed already, and no claim
 	// chooses them.
-	if _, err := l.createPartitions(ctx, l.retention); err != nil {
+	// Setup makes the fewest ahead; cleanups fill the runway.
+	if _, err := l.createPartitions(ctx, l.retention, Ahead); err != nil {
 		return err
 	}
 	return nil

@@ -32,8 +32,8 @@ import (
 // partition is left to the next run. The run returns ErrCleanupStarved
 // naming the sessions, after doing the rest of its work. Claims fail only
 // once the clock passes the last partition created. The first run after a
-// partition fell due reports it, with the partitions ahead (Ahead spans)
-// still to go, less the time since the switch.
+// partition fell due reports it, with the runway (Config.Runway, at least
+// Ahead spans) still to go, less the time since the switch.
 
 // cleanerCreating reports whether every session holding a lock on the table
 // that creation waits for is a cleaner creating partitions. Such a session
