@@ -81,7 +81,7 @@ func StartCleanerLoad(t testing.TB, db *pgxpool.Pool, layout string) *CleanerLoa
 	t.Helper()
 	ctx := context.Background()
 	c := &CleanerLoad{db: db, layout: layout}
-	cfg := pgdedup.Config{Consumer: "cleaner", CleanupBatchSize: 250}
+	cfg := pgdedup.Config{Consumer: "cleaner", CleanupBatchSize: 250, Runway: 5 * partitionSpan}
 	if layout == layoutPartitioned {
 		c.span = partitionSpan
 		cfg.Layout, cfg.Retention, cfg.Partitions = pgdedup.LayoutPartitioned, 10*c.span, 10
