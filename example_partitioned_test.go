@@ -45,7 +45,7 @@ func ExampleStore_Setup() {
 	open, rows := 0, int64(0)
 	for _, p := range st.Partitions {
 		if !p.Sealed {
-			open++ // claims insert into it: the current one, or one ahead
+			open++ // the current one, or one of the 48-hour runway ahead
 		}
 		rows += p.Rows
 	}
@@ -56,6 +56,6 @@ func ExampleStore_Setup() {
 	// order-1 processed: true
 	// order-1 processed: false
 	// span: 4h0m0s
-	// unsealed partitions: 4
+	// unsealed partitions: 13
 	// rows: 1
 }
