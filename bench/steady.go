@@ -96,12 +96,13 @@ type steadyRun struct {
 	walBytes, fpi      int64 // pg_current_wal_lsn difference, pg_stat_wal.wal_fpi difference
 	checkpoints        int64 // checkpoints that started in the window (timed and requested)
 	p50, p99           time.Duration
-	p99Phase           []time.Duration // p99 by quarter of the checkpoint cycle (steadyPhases)
-	deadMax, deadEnd   int64           // n_dead_tup over the table's partitions, in the window
-	deadSealedMax      int64           // of which in sealed partitions (partitioned): where retention works
-	autovacuums        int64           // autovacuum runs on the table in the window
-	deleted            int64           // rows the cleaner deleted in the window
-	heap, indexes      int64           // bytes, at the end of the window
+	p99Queued          time.Duration // p99 from the message's entry into the workers' queue (wait, then Process)
+	phases             []phaseStat   // by part of the checkpoint cycle (steadyPhases)
+	deadMax, deadEnd   int64         // n_dead_tup over the table's partitions, in the window
+	deadSealedMax      int64         // of which in sealed partitions (partitioned): where retention works
+	autovacuums        int64         // autovacuum runs on the table in the window
+	deleted            int64         // rows the cleaner deleted in the window
+	heap, indexes      int64         // bytes, at the end of the window
 	tput               float64
 
 	sent, dupsSent, dupped, processed, errors, cleanErr int64
@@ -388,7 +389,8 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	lats := l.latBetween(from, to)
 	r.deliveries = int64(len(lats))
 	r.p50, r.p99 = sample{lat: lats}.pct(0.5), sample{lat: lats}.pct(0.99)
-	r.p99Phase = l.latPhases(from, to, cfg.cycle, steadyPhases)
+	r.p99Queued = sample{lat: l.queuedBetween(from, to)}.pct(0.99)
+	r.phases = l.latPhases(from, to, cfg.cycle, steadyPhases)
 	r.rowsStart, r.rowsEnd = before.rows, after.rows
 	r.walBytes, r.fpi = after.lsn-before.lsn, after.fpi-before.fpi
 	r.checkpoints = after.checkpoints - before.checkpoints
@@ -405,11 +407,6 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	r.retries = t.retries.Load()
 	return t, nil
 }
-
-// steadyPhases is how many equal parts of the checkpoint cycle the p99 is
-// reported by: the window starts with a CHECKPOINT, so the first part holds
-// the claims that wrote each page's first image after it.
-const steadyPhases = 4
 
 // steadyRounds is how many rounds the unthrottled phase takes per table.
 const steadyRounds = 4

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -181,21 +180,5 @@ func TestSteadyScaled(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("scaled: %q lacks %q", got, want)
 		}
-	}
-}
-
-// TestLatPhases: each latency falls in the quarter of its cycle it ended in,
-// cycle after cycle, and the window's bounds are kept.
-func TestLatPhases(t *testing.T) {
-	l := &soakLoad{}
-	cycle := 4 * time.Second
-	for i, at := range []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond, 4500 * time.Millisecond, 7900 * time.Millisecond, 9 * time.Second} {
-		l.lat = append(l.lat, time.Duration(i+1)*time.Millisecond)
-		l.latAt = append(l.latAt, at+time.Second)
-	}
-	got := l.latPhases(time.Second, 9*time.Second, cycle, 4)
-	want := []time.Duration{3 * time.Millisecond, 2 * time.Millisecond, 0, 4 * time.Millisecond}
-	if !slices.Equal(got, want) {
-		t.Errorf("p99 by phase = %v, want %v", got, want)
 	}
 }
