@@ -30,6 +30,7 @@ type steadyConfig struct {
 	dupShare      float64       // redeliveries on top, as a share of rate
 	cleanEach     time.Duration // RunCleaner's interval
 	workers       int           // concurrent Process calls at the fixed rate
+	poolConns     int           // the pool's MaxConns (0: enough for every worker and the cleaner)
 	tputWorkers   int           // workers of the unthrottled phase
 	tputFor       time.Duration // how long the unthrottled phase runs
 	sharedBuffers string        // shared_buffers of the cluster
@@ -55,6 +56,15 @@ func (c steadyConfig) naptime() time.Duration {
 	return max(time.Second, (c.cycle / 15).Round(time.Second))
 }
 
+// pool is the pool's MaxConns: -steady-pool-conns, else one per worker of
+// either phase and 2 more (the cleaner, the bench's own queries).
+func (c steadyConfig) pool() int {
+	if c.poolConns > 0 {
+		return c.poolConns
+	}
+	return max(c.workers, c.tputWorkers) + 2
+}
+
 func (c steadyConfig) validate() error {
 	switch {
 	case c.layout != "plain" && c.layout != "partitioned":
@@ -75,6 +85,8 @@ func (c steadyConfig) validate() error {
 		return errors.New("-steady-clean-every must be positive and at most the Retention")
 	case c.workers < 1 || c.workers > 64 || c.tputWorkers < 1 || c.tputWorkers > 64:
 		return errors.New("-steady-workers and -steady-tput-workers must be from 1 to 64")
+	case c.poolConns < 0 || c.poolConns == 1 || c.poolConns > 66:
+		return errors.New("-steady-pool-conns must be 0 (one per worker, and 2 more) or from 2 to 66")
 	case c.tputFor < time.Second:
 		return errors.New("-steady-tput-for must be at least 1s")
 	case c.rows() > 1_000_000_000:
@@ -97,6 +109,7 @@ type steadyRun struct {
 	checkpoints        int64 // checkpoints that started in the window (timed and requested)
 	p50, p99           time.Duration
 	p99Queued          time.Duration // p99 from the message's entry into the workers' queue (wait, then Process)
+	p99Warmup          time.Duration // p99 of the warm-up cycles, before the window (the first after the preload's CHECKPOINT)
 	phases             []phaseStat   // by part of the checkpoint cycle (steadyPhases)
 	deadMax, deadEnd   int64         // n_dead_tup over the table's partitions, in the window
 	deadSealedMax      int64         // of which in sealed partitions (partitioned): where retention works
@@ -280,7 +293,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	if err != nil {
 		return nil, err
 	}
-	pcfg.MaxConns = int32(max(cfg.workers, cfg.tputWorkers) + 2)
+	pcfg.MaxConns = int32(cfg.pool())
 	if t.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return nil, err
 	}
@@ -390,6 +403,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	r.deliveries = int64(len(lats))
 	r.p50, r.p99 = sample{lat: lats}.pct(0.5), sample{lat: lats}.pct(0.99)
 	r.p99Queued = sample{lat: l.queuedBetween(from, to)}.pct(0.99)
+	r.p99Warmup = sample{lat: l.latBetween(0, from)}.pct(0.99)
 	r.phases = l.latPhases(from, to, cfg.cycle, steadyPhases)
 	r.rowsStart, r.rowsEnd = before.rows, after.rows
 	r.walBytes, r.fpi = after.lsn-before.lsn, after.fpi-before.fpi

@@ -38,9 +38,9 @@ func (r steadyResult) markdown() string {
 			"on a partitioned table)\n", n, c.retention()/time.Duration(n))
 	}
 	p("- Load: `Store.Process` with one business row at %d new messages/s plus %.0f%% redeliveries "+
-		"(half of recent messages, half of preloaded IDs), %d workers; `RunCleaner` every %s; "+
+		"(half of recent messages, half of preloaded IDs), %d workers on a pool of %d connections; `RunCleaner` every %s; "+
 		"autovacuum on, `autovacuum_naptime` %s (production's 1 min, compressed like the cycle), scale factors 0.01 on the plain table\n",
-		c.rate, 100*c.dupShare, c.workers, c.cleanEach, c.naptime())
+		c.rate, 100*c.dupShare, c.workers, c.pool(), c.cleanEach, c.naptime())
 	p("- Measured: %d warm-up cycles, then a `CHECKPOINT` and %d whole cycles. WAL is the `pg_current_wal_lsn()` "+
 		"difference and images the `pg_stat_wal.wal_fpi` difference over the window, everything the cluster wrote "+
 		"(claims, business rows, cleanup, autovacuum), divided by the new messages processed in it. "+
@@ -103,6 +103,7 @@ func (r steadyResult) markdown() string {
 	row("indexes at the end", func(t steadyRun) string { return mb(t.indexes) })
 	row("heap per million rows", func(t steadyRun) string { return perMillion(t.heap, t.rowsEnd) })
 	row("indexes per million rows", func(t steadyRun) string { return perMillion(t.indexes, t.rowsEnd) })
+	row("p99 of the warm-up (not in the window: right after the preload's CHECKPOINT)", func(t steadyRun) string { return ms(t.p99Warmup) + " ms" })
 	row("preload, VACUUM and CHECKPOINT", func(t steadyRun) string { return t.loadTook.Round(time.Second).String() })
 	p("\n%s\n", r.scaled())
 	for _, ch := range r.checks {

@@ -44,6 +44,11 @@ func TestSteadyFlags(t *testing.T) {
 		t.Errorf("command %q, want %q", c.command, want)
 	}
 
+	cfg, err = parseFlags([]string{"-only", "steady", "-steady-workers", "16", "-steady-pool-conns", "4"}, io.Discard)
+	if err != nil || cfg.steady.workers != 16 || cfg.steady.poolConns != 4 {
+		t.Errorf("-steady-workers 16 -steady-pool-conns 4: %+v, %v", cfg.steady, err)
+	}
+
 	for _, args := range [][]string{
 		{"-layout", "heap"},
 		{"-steady-rate", "0"},
@@ -53,6 +58,8 @@ func TestSteadyFlags(t *testing.T) {
 		{"-steady-dups", "1.5"},
 		{"-steady-clean-every", "0s"},
 		{"-steady-workers", "0"},
+		{"-steady-pool-conns", "1"},
+		{"-steady-pool-conns", "-2"},
 		{"-steady-tput-for", "10ms"},
 		{"-steady-rate", "100000", "-steady-ratio", "10000"},
 	} {
