@@ -40,6 +40,7 @@ type claimCostConfig struct {
 	rounds     int           // -claimcost-rounds
 	round      time.Duration // -claimcost-round
 	workers    int           // -claimcost-workers
+	business   bool          // -claimcost-business-row: Process inserts one business row
 	explains   int           // EXPLAIN ANALYZE runs per table
 }
 
@@ -265,6 +266,9 @@ func setUpClaimTable(ctx context.Context, url, schema string, v claimVariant, c 
 	if err := t.store.Setup(ctx); err != nil {
 		return t, err
 	}
+	if _, err := t.pool.Exec(ctx, `CREATE TABLE claimcost_ledger (message_id text NOT NULL, amount bigint NOT NULL)`); err != nil {
+		return t, err
+	}
 	if v.populated {
 		if v.partitions > 0 {
 			err = preloadPartitioned(ctx, t.pool, c.rows, time.Now(), claimRetention)
@@ -456,7 +460,7 @@ AND x.processed_at < (SELECT sealed FROM pgdedup_partitions WHERE parent = 'proc
 }
 
 // runRound runs Process for new IDs (an empty fn: the claim and its
-// transaction only; WithSentAt(time.Now()) for a variant with a time) on
+// transaction only, or one business row with -claimcost-business-row; WithSentAt(time.Now()) for a variant with a time) on
 // workers connections for one round, after a Cleanup that seals any
 // partition the clock has left.
 func (t *claimTable) runRound(ctx context.Context, c claimCostConfig) error {
@@ -474,7 +478,14 @@ func (t *claimTable) runRound(ctx context.Context, c claimCostConfig) error {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
 				s := time.Now()
-				_, err := t.store.Process(ctx, newID(), func(context.Context, pgx.Tx) error { return nil }, t.opts()...)
+				id := newID()
+				_, err := t.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
+					if !c.business {
+						return nil
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO claimcost_ledger (message_id, amount) VALUES ($1, 1)`, id)
+					return err
+				}, t.opts()...)
 				if err != nil {
 					mu.Lock()
 					firstErr = cmp.Or(firstErr, err)
@@ -596,11 +607,15 @@ func claimCostMarkdown(cfg config, c claimCostConfig, tables []*claimTable, serv
 		"as the client sees them (round trip included): the claim statement; its look-up alone (`SELECT EXISTS` of the key, "+
 		"in the sealed partitions on the partitioned layout); its insert alone (`INSERT … ON CONFLICT DO NOTHING` of the key, "+
 		"into the parent, which routes it to the current partition); an empty statement (`SELECT`: the round trip)\n", c.explains*8)
-	p("- Throughput: `Store.Process` with an empty function (the claim and its transaction) for new IDs, %d workers, "+
+	fn := "an empty function (the claim and its transaction)"
+	if c.business {
+		fn = "one business row (an `INSERT` into a table of its own in the claim's transaction)"
+	}
+	p("- Throughput: `Store.Process` with %s for new IDs, %d workers, "+
 		"%d interleaved rounds of %s per table (the order rotating); the median round, and as a ratio to the plain table "+
 		"in the same state and exec mode (the median of the rounds' ratios); latency over all rounds. Exec mode: pgx's `QueryExecModeExec` (unnamed statements, "+
 		"planned on every execution, as `default_query_exec_mode=exec` behind PgBouncer). Plans: generic and custom plans of the "+
-		"claim statement on one connection of the table's pool after the rounds (pg_prepared_statements; pgx prepares and caches it)\n\n", c.workers, c.rounds, c.round)
+		"claim statement on one connection of the table's pool after the rounds (pg_prepared_statements; pgx prepares and caches it)\n\n", fn, c.workers, c.rounds, c.round)
 	p("With a time: each claim passes `pgdedup.WithSentAt(time.Now())`, a message created now; its ÷ plain is against the plain table's claims with a time.\n\n")
 	p("| table | partitions attached | relation locks per claim | not fast-path | plan (EXPLAIN) | execution | plans generic, custom | msgs/s | ÷ plain | p50 | p99 |\n")
 	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")

@@ -20,7 +20,8 @@ func TestClaimCostTiny(t *testing.T) {
 	cfg := testConfig(t)
 	var err error
 	cfg, err = parseFlags([]string{"-database-url", cfg.databaseURL, "-only", "claimcost", "-claimcost-partitions", "4",
-		"-claimcost-rows", "2000", "-claimcost-rounds", "1", "-claimcost-round", "100ms", "-claimcost-workers", "2"}, io.Discard)
+		"-claimcost-rows", "2000", "-claimcost-rounds", "1", "-claimcost-round", "100ms", "-claimcost-workers", "2",
+		"-claimcost-business-row"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +49,9 @@ func TestClaimCostTiny(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "| partitioned-4 populated | ") || !strings.Contains(out.String(), "| claim statement | its look-up alone |") {
 		t.Errorf("report lacks the statement times:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "`Store.Process` with one business row") {
+		t.Errorf("report does not say Process wrote one business row:\n%s", out.String())
 	}
 	// Issue 29's ratios: with a time against the plain table with a time,
 	// prepared and exec mode, and without.

@@ -110,6 +110,7 @@ type steadyRun struct {
 	p50, p99           time.Duration
 	p99Queued          time.Duration // p99 from the message's entry into the workers' queue (wait, then Process)
 	p99Warmup          time.Duration // p99 of the warm-up cycles, before the window (the first after the preload's CHECKPOINT)
+	loadFrom, loadTo   string        // the machine's load average at the window's start and end
 	phases             []phaseStat   // by part of the checkpoint cycle (steadyPhases)
 	deadMax, deadEnd   int64         // n_dead_tup over the table's partitions, in the window
 	deadSealedMax      int64         // of which in sealed partitions (partitioned): where retention works
@@ -378,6 +379,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 		return nil, err
 	}
 	from := time.Since(l.start)
+	r.loadFrom = loadAverage()
 	msgs0, deleted0 := l.processed.Load(), t.deleted.Load()
 	end := time.Now().Add(time.Duration(cfg.cycles) * cfg.cycle)
 	for time.Now().Before(end) {
@@ -397,6 +399,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 		return nil, err
 	}
 	to := time.Since(l.start)
+	r.loadTo = loadAverage()
 	r.window = to - from
 	r.messages, r.deleted = l.processed.Load()-msgs0, t.deleted.Load()-deleted0
 	lats := l.latBetween(from, to)

@@ -92,6 +92,9 @@ func (r steadyResult) markdown() string {
 	p("| detail | empty | steady state |\n|---|--:|--:|\n")
 	row := func(name string, fn func(steadyRun) string) { p("| %s | %s | %s |\n", name, fn(e), fn(f)) }
 	row("window", func(t steadyRun) string { return t.window.Round(100 * time.Millisecond).String() })
+	row("load average (1, 5, 15 min) at the window's start; end (the two windows run one after the other, "+
+		"so other work on the machine can fall on one only: the latency ratios are not interleaved)",
+		func(t steadyRun) string { return t.loadFrom + "; " + t.loadTo })
 	row("checkpoints counted in the window (pg_stat_bgwriter)", func(t steadyRun) string { return fmt.Sprint(t.checkpoints) })
 	row("new messages processed in the window", func(t steadyRun) string { return count(float64(t.messages)) })
 	row("Process calls in the window", func(t steadyRun) string { return count(float64(t.deliveries)) })
