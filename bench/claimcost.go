@@ -40,6 +40,7 @@ type claimCostConfig struct {
 	rounds     int           // -claimcost-rounds
 	round      time.Duration // -claimcost-round
 	workers    int           // -claimcost-workers
+	business   bool          // -claimcost-business-row: Process inserts one business row
 	explains   int           // EXPLAIN ANALYZE runs per table
 }
 
@@ -54,6 +55,15 @@ type claimVariant struct {
 	populated  bool // -claimcost-rows rows, else empty
 	expIndex   bool // partitioned: partitions also have an index on expires_at, as before 0.x
 	exec       bool // pgx's QueryExecModeExec (unnamed statements, planned on every claim, as through PgBouncer)
+	sentAt     bool // each claim passes pgdedup.WithSentAt(time.Now()): the message created now
+}
+
+// opts is the Options each claim of v passes.
+func (v claimVariant) opts() []pgdedup.Option {
+	if v.sentAt {
+		return []pgdedup.Option{pgdedup.WithSentAt(time.Now())}
+	}
+	return nil
 }
 
 // claimTracer keeps the last claim statement its pool sent (its SQL and
@@ -124,13 +134,23 @@ func claimVariants(c claimCostConfig) []claimVariant {
 				mode = ", exec mode"
 			}
 			vs = append(vs, claimVariant{name: "plain " + state + mode, populated: populated, exec: exec})
-			for _, m := range c.partitions {
+			counts := c.partitions
+			if populated && !slices.Contains(counts, n) {
+				counts = append(slices.Clone(counts), n) // issue 29's ratios are of the default partitions
+			}
+			for _, m := range counts {
 				if !exec || m == n {
 					vs = append(vs, claimVariant{name: fmt.Sprintf("partitioned-%d %s%s", m, state, mode), partitions: m, populated: populated, exec: exec})
 				}
 			}
 			vs = append(vs, claimVariant{name: fmt.Sprintf("partitioned-%d %s%s, with expires_at index", n, state, mode),
 				partitions: n, populated: populated, exec: exec, expIndex: true})
+			if populated {
+				// Issue 29: a claim that knows the message's creation time
+				// need look only in the partitions from it on.
+				vs = append(vs, claimVariant{name: "plain populated" + mode + ", with a time", populated: true, exec: exec, sentAt: true},
+					claimVariant{name: fmt.Sprintf("partitioned-%d populated%s, with a time", n, mode), partitions: n, populated: true, exec: exec, sentAt: true})
+			}
 		}
 	}
 	return vs
@@ -246,6 +266,9 @@ func setUpClaimTable(ctx context.Context, url, schema string, v claimVariant, c 
 	if err := t.store.Setup(ctx); err != nil {
 		return t, err
 	}
+	if _, err := t.pool.Exec(ctx, `CREATE TABLE claimcost_ledger (message_id text NOT NULL, amount bigint NOT NULL)`); err != nil {
+		return t, err
+	}
 	if v.populated {
 		if v.partitions > 0 {
 			err = preloadPartitioned(ctx, t.pool, c.rows, time.Now(), claimRetention)
@@ -325,7 +348,7 @@ func (t *claimTable) profile(ctx context.Context, explains int) error {
 		if err != nil {
 			return err
 		}
-		if _, err := t.store.Claim(ctx, tx, newID()); err != nil {
+		if _, err := t.store.Claim(ctx, tx, newID(), t.opts()...); err != nil {
 			_ = tx.Rollback(ctx)
 			return err
 		}
@@ -349,13 +372,16 @@ FROM pg_stat_activity a WHERE a.pid = $1`, pid).Scan(&t.locks, &t.slow)
 	t.tracer.mu.Lock()
 	sql, claimArgs := t.tracer.sql, t.tracer.args
 	t.tracer.mu.Unlock()
-	if len(claimArgs) != 3 {
-		return fmt.Errorf("the claim statement takes %d parameters; the bench passes 3", len(claimArgs))
+	if len(claimArgs) < 3 {
+		return fmt.Errorf("the claim statement takes %d parameters; the bench passes the consumer, the ID and its key first", len(claimArgs))
 	}
 	var plans, execs []float64
 	for range explains {
+		// A new ID and its key; any further parameter (a claim with a
+		// time) as the store sent it.
 		id := newID()
-		args := []any{consumer, id, pgdedup.Key(consumer, id)}
+		args := slices.Clone(claimArgs)
+		args[0], args[1], args[2] = consumer, id, pgdedup.Key(consumer, id)
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			return err
@@ -379,12 +405,14 @@ FROM pg_stat_activity a WHERE a.pid = $1`, pid).Scan(&t.locks, &t.slow)
 	if t.exec {
 		return nil // the statement times are pgx's default mode's
 	}
-	return t.parts(ctx, conn.Conn(), sql, explains*8)
+	return t.parts(ctx, conn.Conn(), sql, claimArgs, explains*8)
 }
 
 // parts times the claim statement and its parts, each alone in a
 // transaction rolled back, n times each, interleaved, on one connection.
-func (t *claimTable) parts(ctx context.Context, conn *pgx.Conn, claimSQL string, n int) error {
+// claimArgs are the parameters the store sent with claimSQL: the consumer,
+// the ID and its key, then any others, which are kept.
+func (t *claimTable) parts(ctx context.Context, conn *pgx.Conn, claimSQL string, claimArgs []any, n int) error {
 	lookup := `SELECT EXISTS (SELECT FROM processed_messages x WHERE x.key = $1::uuid)`
 	insert := `INSERT INTO processed_messages (key, consumer, message_id, processed_at, expires_at)
 VALUES ($1::uuid, $2, $3, now(), now() + interval '1 hour') ON CONFLICT DO NOTHING`
@@ -400,7 +428,9 @@ AND x.processed_at < (SELECT sealed FROM pgdedup_partitions WHERE parent = 'proc
 		args func(id string) []any
 		out  *time.Duration
 	}{
-		{claimSQL, func(id string) []any { return []any{consumer, id, pgdedup.Key(consumer, id)} }, &t.claimRT},
+		{claimSQL, func(id string) []any {
+			return append([]any{consumer, id, pgdedup.Key(consumer, id)}, claimArgs[3:]...)
+		}, &t.claimRT},
 		{lookup, func(id string) []any { return []any{pgdedup.Key(consumer, id)} }, &t.lookupRT},
 		{insert, func(id string) []any { return []any{pgdedup.Key(consumer, id), consumer, id} }, &t.insertRT},
 		{`SELECT`, func(string) []any { return nil }, &t.emptyRT},
@@ -430,8 +460,9 @@ AND x.processed_at < (SELECT sealed FROM pgdedup_partitions WHERE parent = 'proc
 }
 
 // runRound runs Process for new IDs (an empty fn: the claim and its
-// transaction only) on workers connections for one round, after a Cleanup
-// that seals any partition the clock has left.
+// transaction only, or one business row with -claimcost-business-row; WithSentAt(time.Now()) for a variant with a time) on
+// workers connections for one round, after a Cleanup that seals any
+// partition the clock has left.
 func (t *claimTable) runRound(ctx context.Context, c claimCostConfig) error {
 	if _, err := t.store.Cleanup(ctx); err != nil {
 		return err
@@ -447,7 +478,14 @@ func (t *claimTable) runRound(ctx context.Context, c claimCostConfig) error {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
 				s := time.Now()
-				_, err := t.store.Process(ctx, newID(), func(context.Context, pgx.Tx) error { return nil })
+				id := newID()
+				_, err := t.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
+					if !c.business {
+						return nil
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO claimcost_ledger (message_id, amount) VALUES ($1, 1)`, id)
+					return err
+				}, t.opts()...)
 				if err != nil {
 					mu.Lock()
 					firstErr = cmp.Or(firstErr, err)
@@ -468,6 +506,74 @@ func (t *claimTable) runRound(ctx context.Context, c claimCostConfig) error {
 		t.lat = append(t.lat, l...)
 	}
 	return nil
+}
+
+// plainTwin is the plain table in t's state and exec mode, with a time or
+// not (sentAt); nil when the run has none.
+func plainTwin(tables []*claimTable, t *claimTable, sentAt bool) *claimTable {
+	for _, u := range tables {
+		if u.partitions == 0 && u.populated == t.populated && u.exec == t.exec && u.sentAt == sentAt {
+			return u
+		}
+	}
+	return nil
+}
+
+// rateRatio is t's rate as a share of base's: the median of the rounds'
+// ratios (each round runs both tables, so a change in the machine's load
+// falls on both). It is 0 when base is nil or ran no round.
+func rateRatio(t, base *claimTable) float64 {
+	if base == nil {
+		return 0
+	}
+	var ratios []float64
+	for i := range t.rate {
+		if i < len(base.rate) && base.rate[i] > 0 {
+			ratios = append(ratios, t.rate[i]/base.rate[i])
+		}
+	}
+	if len(ratios) == 0 {
+		return 0
+	}
+	return median(ratios)
+}
+
+// claimCostTargets writes the ratios issue 29's done-when names: on the
+// populated tables, the partitioned table's claims with a time against the
+// plain table's (≥ 0.95× prepared, ≥ 0.85× exec mode), and without a time
+// (no worse than 0.75×, the figure before bounded claims).
+func claimCostTargets(p func(string, ...any), tables []*claimTable) {
+	type target struct {
+		name   string
+		sentAt bool
+		exec   bool
+		want   float64
+	}
+	var rows []string
+	for _, g := range []target{{"with a time, prepared", true, false, 0.95}, {"with a time, exec mode", true, true, 0.85},
+		{"without a time, prepared", false, false, 0.75}, {"without a time, exec mode", false, true, 0}} {
+		for _, t := range tables {
+			if t.partitions != pgdedup.DefaultPartitions || !t.populated || t.expIndex || t.exec != g.exec || t.sentAt != g.sentAt {
+				continue
+			}
+			same, without := plainTwin(tables, t, g.sentAt), plainTwin(tables, t, false)
+			want, verdict := "–", ""
+			if g.want > 0 {
+				want = fmt.Sprintf("≥ %.2f×", g.want)
+				verdict = map[bool]string{true: " (met)", false: " (not met)"}[rateRatio(t, same) >= g.want]
+			}
+			rows = append(rows, fmt.Sprintf("| %s | %.2f×%s | %.2f× | %s |\n", t.name, rateRatio(t, same), verdict, rateRatio(t, without), want))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("\nIssue 29's ratios, populated tables: the partitioned table's claims as a share of the plain table's in the same " +
+		"exec mode, each plain claim with a time or not as the partitioned one (and against the plain claim without a time):\n\n")
+	p("| partitioned table | ÷ plain, same call | ÷ plain without a time | target |\n|---|--:|--:|--:|\n")
+	for _, r := range rows {
+		p("%s", r)
+	}
 }
 
 func latencyAt(lat []time.Duration, q float64) time.Duration {
@@ -501,33 +607,28 @@ func claimCostMarkdown(cfg config, c claimCostConfig, tables []*claimTable, serv
 		"as the client sees them (round trip included): the claim statement; its look-up alone (`SELECT EXISTS` of the key, "+
 		"in the sealed partitions on the partitioned layout); its insert alone (`INSERT … ON CONFLICT DO NOTHING` of the key, "+
 		"into the parent, which routes it to the current partition); an empty statement (`SELECT`: the round trip)\n", c.explains*8)
-	p("- Throughput: `Store.Process` with an empty function (the claim and its transaction) for new IDs, %d workers, "+
+	fn := "an empty function (the claim and its transaction)"
+	if c.business {
+		fn = "one business row (an `INSERT` into a table of its own in the claim's transaction)"
+	}
+	p("- Throughput: `Store.Process` with %s for new IDs, %d workers, "+
 		"%d interleaved rounds of %s per table (the order rotating); the median round, and as a ratio to the plain table "+
 		"in the same state and exec mode (the median of the rounds' ratios); latency over all rounds. Exec mode: pgx's `QueryExecModeExec` (unnamed statements, "+
 		"planned on every execution, as `default_query_exec_mode=exec` behind PgBouncer). Plans: generic and custom plans of the "+
-		"claim statement on one connection of the table's pool after the rounds (pg_prepared_statements; pgx prepares and caches it)\n\n", c.workers, c.rounds, c.round)
+		"claim statement on one connection of the table's pool after the rounds (pg_prepared_statements; pgx prepares and caches it)\n\n", fn, c.workers, c.rounds, c.round)
+	p("With a time: each claim passes `pgdedup.WithSentAt(time.Now())`, a message created now; its ÷ plain is against the plain table's claims with a time.\n\n")
 	p("| table | partitions attached | relation locks per claim | not fast-path | plan (EXPLAIN) | execution | plans generic, custom | msgs/s | ÷ plain | p50 | p99 |\n")
 	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, t := range tables {
-		var base *claimTable
-		for _, u := range tables {
-			if u.partitions == 0 && u.populated == t.populated && u.exec == t.exec {
-				base = u
-			}
-		}
-		var ratios []float64
-		for i := range t.rate {
-			if i < len(base.rate) && base.rate[i] > 0 {
-				ratios = append(ratios, t.rate[i]/base.rate[i])
-			}
-		}
+		base := plainTwin(tables, t, t.sentAt)
 		parts := "–"
 		if t.partitions > 0 {
 			parts = strconv.Itoa(t.partitionCount)
 		}
 		p("| %s | %s | %d | %d | %.3f ms | %.3f ms | %d, %d | %s | %.2f× | %s ms | %s ms |\n", t.name, parts, t.locks, t.slow, t.planMS, t.execMS,
-			t.generic, t.custom, count(median(t.rate)), median(ratios), ms(latencyAt(t.lat, 0.5)), ms(latencyAt(t.lat, 0.99)))
+			t.generic, t.custom, count(median(t.rate)), rateRatio(t, base), ms(latencyAt(t.lat, 0.5)), ms(latencyAt(t.lat, 0.99)))
 	}
+	claimCostTargets(p, tables)
 	p("\n| table | claim statement | its look-up alone | its insert alone | empty statement (round trip) |\n|---|--:|--:|--:|--:|\n")
 	for _, t := range tables {
 		if !t.exec {

@@ -20,7 +20,8 @@ func TestClaimCostTiny(t *testing.T) {
 	cfg := testConfig(t)
 	var err error
 	cfg, err = parseFlags([]string{"-database-url", cfg.databaseURL, "-only", "claimcost", "-claimcost-partitions", "4",
-		"-claimcost-rows", "2000", "-claimcost-rounds", "1", "-claimcost-round", "100ms", "-claimcost-workers", "2"}, io.Discard)
+		"-claimcost-rows", "2000", "-claimcost-rounds", "1", "-claimcost-round", "100ms", "-claimcost-workers", "2",
+		"-claimcost-business-row"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +38,8 @@ func TestClaimCostTiny(t *testing.T) {
 		locks[m[1]], _ = strconv.Atoi(m[3])
 	}
 	for _, name := range []string{"plain empty", "partitioned-4 empty", "partitioned-12 empty, with expires_at index", "plain empty, exec mode",
-		"partitioned-12 empty, exec mode, with expires_at index", "plain populated", "partitioned-4 populated", "partitioned-12 populated, exec mode, with expires_at index"} {
+		"partitioned-12 empty, exec mode, with expires_at index", "plain populated", "partitioned-4 populated", "partitioned-12 populated, exec mode, with expires_at index",
+		"plain populated, with a time", "partitioned-12 populated, with a time", "plain populated, exec mode, with a time", "partitioned-12 populated, exec mode, with a time"} {
 		if _, ok := locks[name]; !ok {
 			t.Errorf("report lacks a row for %q:\n%s", name, out.String())
 		}
@@ -47,6 +49,22 @@ func TestClaimCostTiny(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "| partitioned-4 populated | ") || !strings.Contains(out.String(), "| claim statement | its look-up alone |") {
 		t.Errorf("report lacks the statement times:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "`Store.Process` with one business row") {
+		t.Errorf("report does not say Process wrote one business row:\n%s", out.String())
+	}
+	// Issue 29's ratios: with a time against the plain table with a time,
+	// prepared and exec mode, and without.
+	target := regexp.MustCompile(`(?m)^\| (partitioned-12 populated[^|]*) \| [0-9.]+×[^|]* \| [0-9.]+× \| ([^|]+) \|$`)
+	targets := map[string]string{}
+	for _, m := range target.FindAllStringSubmatch(out.String(), -1) {
+		targets[m[1]] = strings.TrimSpace(m[2])
+	}
+	for name, want := range map[string]string{"partitioned-12 populated, with a time": "≥ 0.95×", "partitioned-12 populated, exec mode, with a time": "≥ 0.85×",
+		"partitioned-12 populated": "≥ 0.75×", "partitioned-12 populated, exec mode": "–"} {
+		if got, ok := targets[name]; !ok || got != want {
+			t.Errorf("issue 29's ratios: %q has target %q (found %v), want %q:\n%s", name, got, ok, want, out.String())
+		}
 	}
 	if after := schemas(); after != before {
 		t.Errorf("%d pgdedup_claimcost_ schemas before the run, %d after", before, after)

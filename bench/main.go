@@ -123,6 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.steady.dupShare, "steady-dups", 0.1, "steady: redeliveries on top of the new messages, as a share of them")
 	fs.DurationVar(&c.steady.cleanEach, "steady-clean-every", 5*time.Second, "steady: RunCleaner's interval")
 	fs.IntVar(&c.steady.workers, "steady-workers", 8, "steady: concurrent Process calls at the fixed rate")
+	fs.IntVar(&c.steady.poolConns, "steady-pool-conns", 0, "steady: the pool's MaxConns, shared by the workers and the cleaner (0: one per worker and 2 more; "+
+		"pgxpool's own default is the larger of 4 and the CPUs, so fewer connections than workers queue the calls inside Process)")
 	fs.IntVar(&c.steady.tputWorkers, "steady-tput-workers", 8, "steady: workers of the unthrottled throughput phase")
 	fs.DurationVar(&c.steady.tputFor, "steady-tput-for", 20*time.Second, "steady: how long the unthrottled phase runs")
 	fs.StringVar(&c.steady.sharedBuffers, "steady-shared-buffers", "1GB", "steady: shared_buffers of the cluster")
@@ -133,6 +135,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.claimCost.rounds, "claimcost-rounds", 3, "claimcost: interleaved rounds")
 	fs.DurationVar(&c.claimCost.round, "claimcost-round", 2*time.Second, "claimcost: how long each table runs in each round")
 	fs.IntVar(&c.claimCost.workers, "claimcost-workers", 8, "claimcost: concurrent Process calls")
+	fs.BoolVar(&c.claimCost.business, "claimcost-business-row", false, "claimcost: Process inserts one business row in the claim's transaction (issue 29's measure), instead of nothing")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	if err := fs.Parse(args); err != nil {

@@ -264,6 +264,9 @@ type soakLoad struct {
 	done  []doneMsg // processed messages, in order, for redeliveries
 	lat   []time.Duration
 	latAt []time.Duration // when each latency ended, since start
+	// latQueued is each latency from the message's entry into the workers'
+	// queue: its wait for a worker, then Process.
+	latQueued []time.Duration
 }
 
 type doneMsg struct {
@@ -275,15 +278,16 @@ type doneMsg struct {
 // delivered, with ctx.
 func (l *soakLoad) run(sendCtx, ctx context.Context) {
 	type msg struct {
-		id  string
-		dup bool
+		id     string
+		dup    bool
+		queued time.Time
 	}
 	queue := make(chan msg, l.cfg.rate) // a second of backlog at most
 	var wg sync.WaitGroup
 	for range l.cfg.workers {
 		wg.Go(func() {
 			for m := range queue {
-				l.deliver(ctx, m.id, m.dup)
+				l.deliver(ctx, m.id, m.dup, m.queued)
 			}
 		})
 	}
@@ -306,7 +310,7 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 		for ; n < elapsed*float64(l.cfg.rate); n++ {
 			seq++
 			select {
-			case queue <- msg{id: fmt.Sprintf("soak-%09d-%08x", seq, rand.Uint32())}:
+			case queue <- msg{id: fmt.Sprintf("soak-%09d-%08x", seq, rand.Uint32()), queued: time.Now()}:
 				l.sent.Add(1)
 			case <-sendCtx.Done():
 				return
@@ -319,7 +323,7 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 			}
 			if ok {
 				select {
-				case queue <- msg{id: id, dup: true}:
+				case queue <- msg{id: id, dup: true, queued: time.Now()}:
 					l.dupsSent.Add(1)
 				case <-sendCtx.Done():
 					return
@@ -331,13 +335,14 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 
 // deliver runs Process on one message. A redelivery must come back as a
 // duplicate; a new message is processed and remembered for redelivery.
-func (l *soakLoad) deliver(ctx context.Context, id string, dup bool) {
+// queued is when the message was put in the workers' queue.
+func (l *soakLoad) deliver(ctx context.Context, id string, dup bool, queued time.Time) {
 	t0 := time.Now()
 	processed, err := l.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
 		return err
 	})
-	d := time.Since(t0)
+	d, fromQueued := time.Since(t0), time.Since(queued)
 	if err != nil {
 		l.errors.Add(1)
 		return
@@ -346,6 +351,7 @@ func (l *soakLoad) deliver(ctx context.Context, id string, dup bool) {
 	defer l.mu.Unlock()
 	l.lat = append(l.lat, d)
 	l.latAt = append(l.latAt, time.Since(l.start))
+	l.latQueued = append(l.latQueued, fromQueued)
 	switch {
 	case processed:
 		l.processed.Add(1)
@@ -397,26 +403,26 @@ func (l *soakLoad) latBetween(from, to time.Duration) []time.Duration {
 	return lats
 }
 
-// latPhases returns the p99 of the latencies that ended in [from, to), by
-// phase of a cycle that starts at from: phases equal parts of cycle. A
-// checkpoint starting at from (and every cycle after it) writes its
-// full-page images early in the cycle, so a spike there shows in the first
-// phase instead of hiding in the window's p99.
-func (l *soakLoad) latPhases(from, to, cycle time.Duration, phases int) []time.Duration {
+// latPhases is cyclePhases of the calls that ended in [from, to).
+func (l *soakLoad) latPhases(from, to, cycle time.Duration, phases int) []phaseStat {
 	l.mu.Lock()
-	by := make([][]time.Duration, phases)
+	defer l.mu.Unlock()
+	return cyclePhases(l.lat, l.latQueued, l.latAt, from, to, cycle, phases)
+}
+
+// queuedBetween returns the latencies from the queue (latQueued) of the
+// calls that ended in [from, to), sorted.
+func (l *soakLoad) queuedBetween(from, to time.Duration) []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var lats []time.Duration
 	for i, at := range l.latAt {
 		if at >= from && at < to {
-			k := int((at - from) % cycle * time.Duration(phases) / cycle)
-			by[k] = append(by[k], l.lat[i])
+			lats = append(lats, l.latQueued[i])
 		}
 	}
-	l.mu.Unlock()
-	out := make([]time.Duration, phases)
-	for k, lats := range by {
-		out[k] = p99(lats)
-	}
-	return out
+	slices.Sort(lats)
+	return lats
 }
 
 func p99(lats []time.Duration) time.Duration {

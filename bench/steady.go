@@ -30,6 +30,7 @@ type steadyConfig struct {
 	dupShare      float64       // redeliveries on top, as a share of rate
 	cleanEach     time.Duration // RunCleaner's interval
 	workers       int           // concurrent Process calls at the fixed rate
+	poolConns     int           // the pool's MaxConns (0: enough for every worker and the cleaner)
 	tputWorkers   int           // workers of the unthrottled phase
 	tputFor       time.Duration // how long the unthrottled phase runs
 	sharedBuffers string        // shared_buffers of the cluster
@@ -55,6 +56,15 @@ func (c steadyConfig) naptime() time.Duration {
 	return max(time.Second, (c.cycle / 15).Round(time.Second))
 }
 
+// pool is the pool's MaxConns: -steady-pool-conns, else one per worker of
+// either phase and 2 more (the cleaner, the bench's own queries).
+func (c steadyConfig) pool() int {
+	if c.poolConns > 0 {
+		return c.poolConns
+	}
+	return max(c.workers, c.tputWorkers) + 2
+}
+
 func (c steadyConfig) validate() error {
 	switch {
 	case c.layout != "plain" && c.layout != "partitioned":
@@ -75,6 +85,8 @@ func (c steadyConfig) validate() error {
 		return errors.New("-steady-clean-every must be positive and at most the Retention")
 	case c.workers < 1 || c.workers > 64 || c.tputWorkers < 1 || c.tputWorkers > 64:
 		return errors.New("-steady-workers and -steady-tput-workers must be from 1 to 64")
+	case c.poolConns < 0 || c.poolConns == 1 || c.poolConns > 66:
+		return errors.New("-steady-pool-conns must be 0 (one per worker, and 2 more) or from 2 to 66")
 	case c.tputFor < time.Second:
 		return errors.New("-steady-tput-for must be at least 1s")
 	case c.rows() > 1_000_000_000:
@@ -96,12 +108,15 @@ type steadyRun struct {
 	walBytes, fpi      int64 // pg_current_wal_lsn difference, pg_stat_wal.wal_fpi difference
 	checkpoints        int64 // checkpoints that started in the window (timed and requested)
 	p50, p99           time.Duration
-	p99Phase           []time.Duration // p99 by quarter of the checkpoint cycle (steadyPhases)
-	deadMax, deadEnd   int64           // n_dead_tup over the table's partitions, in the window
-	deadSealedMax      int64           // of which in sealed partitions (partitioned): where retention works
-	autovacuums        int64           // autovacuum runs on the table in the window
-	deleted            int64           // rows the cleaner deleted in the window
-	heap, indexes      int64           // bytes, at the end of the window
+	p99Queued          time.Duration // p99 from the message's entry into the workers' queue (wait, then Process)
+	p99Warmup          time.Duration // p99 of the warm-up cycles, before the window (the first after the preload's CHECKPOINT)
+	loadFrom, loadTo   string        // the machine's load average at the window's start and end
+	phases             []phaseStat   // by part of the checkpoint cycle (steadyPhases)
+	deadMax, deadEnd   int64         // n_dead_tup over the table's partitions, in the window
+	deadSealedMax      int64         // of which in sealed partitions (partitioned): where retention works
+	autovacuums        int64         // autovacuum runs on the table in the window
+	deleted            int64         // rows the cleaner deleted in the window
+	heap, indexes      int64         // bytes, at the end of the window
 	tput               float64
 
 	sent, dupsSent, dupped, processed, errors, cleanErr int64
@@ -279,7 +294,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	if err != nil {
 		return nil, err
 	}
-	pcfg.MaxConns = int32(max(cfg.workers, cfg.tputWorkers) + 2)
+	pcfg.MaxConns = int32(cfg.pool())
 	if t.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return nil, err
 	}
@@ -364,6 +379,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 		return nil, err
 	}
 	from := time.Since(l.start)
+	r.loadFrom = loadAverage()
 	msgs0, deleted0 := l.processed.Load(), t.deleted.Load()
 	end := time.Now().Add(time.Duration(cfg.cycles) * cfg.cycle)
 	for time.Now().Before(end) {
@@ -383,12 +399,15 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 		return nil, err
 	}
 	to := time.Since(l.start)
+	r.loadTo = loadAverage()
 	r.window = to - from
 	r.messages, r.deleted = l.processed.Load()-msgs0, t.deleted.Load()-deleted0
 	lats := l.latBetween(from, to)
 	r.deliveries = int64(len(lats))
 	r.p50, r.p99 = sample{lat: lats}.pct(0.5), sample{lat: lats}.pct(0.99)
-	r.p99Phase = l.latPhases(from, to, cfg.cycle, steadyPhases)
+	r.p99Queued = sample{lat: l.queuedBetween(from, to)}.pct(0.99)
+	r.p99Warmup = sample{lat: l.latBetween(0, from)}.pct(0.99)
+	r.phases = l.latPhases(from, to, cfg.cycle, steadyPhases)
 	r.rowsStart, r.rowsEnd = before.rows, after.rows
 	r.walBytes, r.fpi = after.lsn-before.lsn, after.fpi-before.fpi
 	r.checkpoints = after.checkpoints - before.checkpoints
@@ -405,11 +424,6 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	r.retries = t.retries.Load()
 	return t, nil
 }
-
-// steadyPhases is how many equal parts of the checkpoint cycle the p99 is
-// reported by: the window starts with a CHECKPOINT, so the first part holds
-// the claims that wrote each page's first image after it.
-const steadyPhases = 4
 
 // steadyRounds is how many rounds the unthrottled phase takes per table.
 const steadyRounds = 4

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
@@ -39,9 +38,9 @@ func (r steadyResult) markdown() string {
 			"on a partitioned table)\n", n, c.retention()/time.Duration(n))
 	}
 	p("- Load: `Store.Process` with one business row at %d new messages/s plus %.0f%% redeliveries "+
-		"(half of recent messages, half of preloaded IDs), %d workers; `RunCleaner` every %s; "+
+		"(half of recent messages, half of preloaded IDs), %d workers on a pool of %d connections; `RunCleaner` every %s; "+
 		"autovacuum on, `autovacuum_naptime` %s (production's 1 min, compressed like the cycle), scale factors 0.01 on the plain table\n",
-		c.rate, 100*c.dupShare, c.workers, c.cleanEach, c.naptime())
+		c.rate, 100*c.dupShare, c.workers, c.pool(), c.cleanEach, c.naptime())
 	p("- Measured: %d warm-up cycles, then a `CHECKPOINT` and %d whole cycles. WAL is the `pg_current_wal_lsn()` "+
 		"difference and images the `pg_stat_wal.wal_fpi` difference over the window, everything the cluster wrote "+
 		"(claims, business rows, cleanup, autovacuum), divided by the new messages processed in it. "+
@@ -71,36 +70,31 @@ func (r steadyResult) markdown() string {
 	p("| steady ÷ empty | | **%s** | | %s | **%s** | **%s** | |\n\n",
 		ratio(f.walPerMsg(), e.walPerMsg()), ratio(float64(f.p50), float64(e.p50)), ratio(float64(f.p99), float64(e.p99)), fmt.Sprintf("%.2f×", r.tputRatio))
 
-	p("p99 by quarter of the checkpoint cycle (the window starts with a `CHECKPOINT`; each cycle's first quarter " +
-		"writes most full-page images), so that a spike cannot hide in the window's p99:\n\n")
-	p("| table |")
-	for k := range steadyPhases {
-		p(" %d/%d |", k+1, steadyPhases)
+	p("Latency by tenth of the checkpoint cycle, over the window's %d cycles (the window starts with a `CHECKPOINT` and the "+
+		"server's `checkpoint_timeout` counts from it; the first tenth holds the claims that write most full-page images), "+
+		"so that a spike cannot hide in the window's p99. Calls are counted in the tenth they ended in; "+
+		"\"queued p99\" is from the message's entry into the workers' queue (its wait for one of the %d workers, then `Process`):\n\n",
+		c.cycles, c.workers)
+	p("| part of the cycle | empty: calls | p50 | p99 | queued p99 | steady state: calls | p50 | p99 | queued p99 | p99 steady ÷ empty |\n")
+	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for k := range min(len(e.phases), len(f.phases)) {
+		pe, pf := e.phases[k], f.phases[k]
+		p("| %d–%d%% | %s | %s ms | %s ms | %s ms | %s | %s ms | %s ms | %s ms | %s |\n", 100*k/steadyPhases, 100*(k+1)/steadyPhases,
+			count(float64(pe.n)), ms(pe.p50), ms(pe.p99), ms(pe.p99Queued), count(float64(pf.n)), ms(pf.p50), ms(pf.p99), ms(pf.p99Queued),
+			ratio(float64(pf.p99), float64(pe.p99)))
 	}
-	p(" worst ÷ window p99 |\n|---|%s--:|\n", strings.Repeat("--:|", steadyPhases))
-	for _, t := range []steadyRun{e, f} {
-		label := "empty"
-		if t.preloaded > 0 {
-			label = "steady state"
-		}
-		p("| %s |", label)
-		for _, d := range t.p99Phase {
-			p(" %s ms |", ms(d))
-		}
-		p(" %s |\n", ratio(float64(slices.Max(append([]time.Duration{0}, t.p99Phase...))), float64(t.p99)))
-	}
-	if len(e.p99Phase) == steadyPhases && len(f.p99Phase) == steadyPhases {
-		p("| steady ÷ empty |")
-		for k := range steadyPhases {
-			p(" %s |", ratio(float64(f.p99Phase[k]), float64(e.p99Phase[k])))
-		}
-		p(" |\n")
-	}
-	p("\n")
+	p("| whole window | %s | %s ms | %s ms | %s ms | %s | %s ms | %s ms | %s ms | %s |\n",
+		count(float64(e.deliveries)), ms(e.p50), ms(e.p99), ms(e.p99Queued), count(float64(f.deliveries)), ms(f.p50), ms(f.p99), ms(f.p99Queued),
+		ratio(float64(f.p99), float64(e.p99)))
+	p("| worst tenth's p99 ÷ window's | | | %s | | | | %s | | |\n\n",
+		ratio(float64(worstP99(e.phases)), float64(e.p99)), ratio(float64(worstP99(f.phases)), float64(f.p99)))
 
 	p("| detail | empty | steady state |\n|---|--:|--:|\n")
 	row := func(name string, fn func(steadyRun) string) { p("| %s | %s | %s |\n", name, fn(e), fn(f)) }
 	row("window", func(t steadyRun) string { return t.window.Round(100 * time.Millisecond).String() })
+	row("load average (1, 5, 15 min) at the window's start; end (the two windows run one after the other, "+
+		"so other work on the machine can fall on one only: the latency ratios are not interleaved)",
+		func(t steadyRun) string { return t.loadFrom + "; " + t.loadTo })
 	row("checkpoints counted in the window (pg_stat_bgwriter)", func(t steadyRun) string { return fmt.Sprint(t.checkpoints) })
 	row("new messages processed in the window", func(t steadyRun) string { return count(float64(t.messages)) })
 	row("Process calls in the window", func(t steadyRun) string { return count(float64(t.deliveries)) })
@@ -112,6 +106,7 @@ func (r steadyResult) markdown() string {
 	row("indexes at the end", func(t steadyRun) string { return mb(t.indexes) })
 	row("heap per million rows", func(t steadyRun) string { return perMillion(t.heap, t.rowsEnd) })
 	row("indexes per million rows", func(t steadyRun) string { return perMillion(t.indexes, t.rowsEnd) })
+	row("p99 of the warm-up (not in the window: right after the preload's CHECKPOINT)", func(t steadyRun) string { return ms(t.p99Warmup) + " ms" })
 	row("preload, VACUUM and CHECKPOINT", func(t steadyRun) string { return t.loadTook.Round(time.Second).String() })
 	p("\n%s\n", r.scaled())
 	for _, ch := range r.checks {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +44,11 @@ func TestSteadyFlags(t *testing.T) {
 		t.Errorf("command %q, want %q", c.command, want)
 	}
 
+	cfg, err = parseFlags([]string{"-only", "steady", "-steady-workers", "16", "-steady-pool-conns", "4"}, io.Discard)
+	if err != nil || cfg.steady.workers != 16 || cfg.steady.poolConns != 4 {
+		t.Errorf("-steady-workers 16 -steady-pool-conns 4: %+v, %v", cfg.steady, err)
+	}
+
 	for _, args := range [][]string{
 		{"-layout", "heap"},
 		{"-steady-rate", "0"},
@@ -54,6 +58,8 @@ func TestSteadyFlags(t *testing.T) {
 		{"-steady-dups", "1.5"},
 		{"-steady-clean-every", "0s"},
 		{"-steady-workers", "0"},
+		{"-steady-pool-conns", "1"},
+		{"-steady-pool-conns", "-2"},
 		{"-steady-tput-for", "10ms"},
 		{"-steady-rate", "100000", "-steady-ratio", "10000"},
 	} {
@@ -181,21 +187,5 @@ func TestSteadyScaled(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("scaled: %q lacks %q", got, want)
 		}
-	}
-}
-
-// TestLatPhases: each latency falls in the quarter of its cycle it ended in,
-// cycle after cycle, and the window's bounds are kept.
-func TestLatPhases(t *testing.T) {
-	l := &soakLoad{}
-	cycle := 4 * time.Second
-	for i, at := range []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond, 4500 * time.Millisecond, 7900 * time.Millisecond, 9 * time.Second} {
-		l.lat = append(l.lat, time.Duration(i+1)*time.Millisecond)
-		l.latAt = append(l.latAt, at+time.Second)
-	}
-	got := l.latPhases(time.Second, 9*time.Second, cycle, 4)
-	want := []time.Duration{3 * time.Millisecond, 2 * time.Millisecond, 0, 4 * time.Millisecond}
-	if !slices.Equal(got, want) {
-		t.Errorf("p99 by phase = %v, want %v", got, want)
 	}
 }
