@@ -27,8 +27,10 @@ import (
 // The client's clock only chooses the bounds. The database's clock still
 // decides the partition, and the statement checks that it lies between
 // them. If not, it writes nothing and answers so (shape.One.Missed), and
-// the engine sends the claim without bounds. The argument that a bounded
-// claim is exact is in docs/partitioning.md ("Bounded claims").
+// the engine sends the claim again, guessing less: first the lean claim,
+// then the bounded hand-over claim, then the claim without bounds
+// (partitioned.go). The argument that a bounded claim is exact is in
+// docs/partitioning.md ("Bounded claims").
 //
 // The insert goes through the parent table. PostgreSQL plans an INSERT
 // into a partitioned table without locking its partitions, and opens only
