@@ -31,6 +31,15 @@ type Proc[L Output] struct {
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when Wait returns; err is set then
 	err    error
+	spoke  chan struct{} // closed at the process's first output
+	once   sync.Once
+}
+
+// Write closes spoke at the process's first output: by then its main has run,
+// and the command installs its SIGTERM handler before anything else.
+func (p *Proc[L]) Write(b []byte) (int, error) {
+	p.once.Do(func() { close(p.spoke) })
+	return len(b), nil
 }
 
 // Start is [StartWith] with a [Log]: per-delivery counts.
@@ -48,15 +57,16 @@ func StartWith[L Output](t *testing.T, childEnv, name string, log L, args ...str
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"consume", "-name", name, "-log-level", "debug"}, args...)...)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
-	p := &Proc[L]{Name: name, cmd: cmd, Log: log, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = log, log
+	p := &Proc[L]{Name: name, cmd: cmd, Log: log, exited: make(chan struct{}), spoke: make(chan struct{})}
+	out := io.MultiWriter(p, log)
+	cmd.Stdout, cmd.Stderr = out, out
 	if dir := os.Getenv("EXAMPLES_TEST_LOGDIR"); dir != "" {
 		f, err := os.Create(filepath.Join(dir, name+".log"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = f.Close() })
-		cmd.Stdout, cmd.Stderr = io.MultiWriter(log, f), io.MultiWriter(log, f)
+		cmd.Stdout, cmd.Stderr = io.MultiWriter(out, f), io.MultiWriter(out, f)
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start consumer %s: %v", name, err)
@@ -86,15 +96,28 @@ func (p *Proc[L]) Pause(d time.Duration) {
 	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 }
 
-// Stop sends SIGTERM and waits up to timeout for a clean exit.
+// Stop sends SIGTERM and waits up to timeout for a clean exit. A process that
+// has printed nothing yet may not have installed its SIGTERM handler (a test
+// binary built with -race takes a while to reach main), and SIGTERM's default
+// action would kill it: Stop waits for its first output first, within the
+// same timeout.
 func (p *Proc[L]) Stop(timeout time.Duration) error {
+	deadline := time.After(timeout)
+	select {
+	case <-p.spoke:
+	case <-p.exited:
+		return p.err
+	case <-deadline:
+		p.Kill()
+		return fmt.Errorf("no output %s after it started", timeout)
+	}
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		return err
 	}
 	select {
 	case <-p.exited:
 		return p.err
-	case <-time.After(timeout):
+	case <-deadline:
 		p.Kill()
 		return fmt.Errorf("no exit %s after SIGTERM", timeout)
 	}
