@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,32 @@ type Config struct {
 	// the ID is the Watermill message UUID, which a redelivery keeps but a
 	// producer's retry that builds a new message does not. Defaults to "".
 	MetadataKey string
+
+	// SentAt, if set, returns the time msg was first sent, which the
+	// middleware passes to [pgdedup.WithSentAt]; the zero time passes none.
+	// On the partitioned table the claim then looks only in the partitions
+	// from that time less pgdedup.Config.SentAtMargin on, and a message older
+	// than the Retention fails with [pgdedup.ErrTooLate] (a poison message) rather
+	// than being processed after its ID may have been forgotten. Return a
+	// time the producer sets once per ID, such as [SentAtFromMetadata] of an
+	// event-time field; a broker's publish time is safe only if the
+	// producer's retries of one ID fall within SentAtMargin. Watermill itself
+	// sets no time on a message. Defaults to nil: no time.
+	SentAt func(msg *message.Message) time.Time
+}
+
+// SentAtFromMetadata returns a [Config.SentAt] that reads the metadata field
+// key as an RFC 3339 time, such as a CloudEvents time attribute the
+// producer set. A missing or unparsable field gives the zero time: the claim
+// then has no time, as without SentAt.
+func SentAtFromMetadata(key string) func(*message.Message) time.Time {
+	return func(msg *message.Message) time.Time {
+		t, err := time.Parse(time.RFC3339Nano, msg.Metadata.Get(key))
+		if err != nil {
+			return time.Time{}
+		}
+		return t
+	}
 }
 
 // Deduplicator runs Watermill handlers exactly once per message ID, in a
@@ -84,13 +111,19 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		outer := msg.Context()
 		defer msg.SetContext(outer)
+		var opts []pgdedup.Option
+		if d.cfg.SentAt != nil {
+			if t := d.cfg.SentAt(msg); !t.IsZero() {
+				opts = append(opts, pgdedup.WithSentAt(t))
+			}
+		}
 		var produced []*message.Message
 		_, err = d.store.Process(outer, id, func(ctx context.Context, tx pgx.Tx) error {
 			msg.SetContext(context.WithValue(ctx, txKey{}, tx))
 			var err error
 			produced, err = h(msg)
 			return err
-		})
+		}, opts...)
 		if err != nil {
 			return nil, err
 		}

@@ -165,3 +165,41 @@ func TestPoisonFollowsActionFor(t *testing.T) {
 		t.Errorf("%d charges, want 1 (order-1)", n)
 	}
 }
+
+// Config.SentAt reaches the claim: a message whose event time is beyond the
+// Retention (48 h) fails with ErrTooLate, one two hours ahead (past the
+// default SentAtMargin) with ErrInvalidOption, and neither runs the handler
+// nor records its ID; one sent now, and one with no time, are processed.
+func TestSentAtReachesTheClaim(t *testing.T) {
+	t.Parallel()
+	db, d := newDedup(t, pgdedupwatermill.Config{SentAt: pgdedupwatermill.SentAtFromMetadata("event_time")})
+	var runs int
+	var fail error
+	h := d.Middleware(charge(&runs, &fail))
+	now := time.Now()
+	for _, tc := range []struct {
+		uuid, time string
+		want       error
+	}{
+		{"fresh", now.Format(time.RFC3339Nano), nil},
+		{"too-old", now.Add(-49 * time.Hour).Format(time.RFC3339Nano), pgdedup.ErrTooLate},
+		{"future", now.Add(2 * time.Hour).Format(time.RFC3339Nano), pgdedup.ErrInvalidOption},
+		{"no-time", "", nil},
+		{"bad-time", "yesterday", nil},
+	} {
+		msg := message.NewMessage(tc.uuid, nil)
+		if tc.time != "" {
+			msg.Metadata.Set("event_time", tc.time)
+		}
+		_, err := h(msg)
+		if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("%s: %v, want %v", tc.uuid, err, tc.want)
+		}
+		if tc.want != nil && !pgdedupwatermill.Poison(err) {
+			t.Errorf("%s: Poison(%v) = false, want a poison message", tc.uuid, err)
+		}
+	}
+	if runs != 3 || pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`) != 3 {
+		t.Fatalf("%d runs, %d IDs recorded; want 3 and 3", runs, pgdeduptest.Count(t, db.Pool, `SELECT count(*) FROM processed_messages`))
+	}
+}

@@ -157,7 +157,7 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) {
 			return err
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)
-	})
+	}, pgdedup.WithSentAt(sentAt(msg, meta)))
 	switch pgdedup.ActionFor(err) {
 	case pgdedup.ActionAck:
 		settle(log, msg.Ack()) // a duplicate is done too: ack, or it comes back after every AckWait

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,6 +39,8 @@ func (b orderBatch) messages(rng *rand.Rand, subject string) (msgs []*nats.Msg, 
 			continue
 		}
 		msg.Header.Set(jetstream.MsgIDHeader, "charge-"+o.OrderID)
+		// The order's own time, set once: a second publish keeps it.
+		msg.Header.Set(eventTimeHeader, time.Now().UTC().Format(time.RFC3339Nano))
 		msgs = append(msgs, msg)
 		if rng.Float64() < b.Duplicates {
 			msgs = append(msgs, msg)

@@ -57,3 +57,23 @@ func messageID(msg jetstream.Msg, meta *jetstream.MsgMetadata) string {
 	}
 	return meta.Stream + "/" + strconv.FormatUint(meta.Sequence.Stream, 10)
 }
+
+// eventTimeHeader carries a message's event time, set once by its producer:
+// CloudEvents' time attribute in the NATS binding's binary mode.
+const eventTimeHeader = "ce-time"
+
+// sentAt is the time pgdedup.WithSentAt gets for msg: the producer's event
+// time (the ce-time header, RFC 3339), which every publish of one order
+// carries unchanged; or else the time JetStream stored the message, which its
+// redeliveries keep but a second publish of the same ID (past the stream's
+// duplicate window) does not: Config.SentAtMargin, an hour by default, must
+// cover how long a producer retries. On the partitioned table the claim then
+// looks only in the partitions from that time less the margin on; a message
+// older than the Retention gets pgdedup.ErrTooLate (and is terminated) rather
+// than being processed after its ID may have been forgotten.
+func sentAt(msg jetstream.Msg, meta *jetstream.MsgMetadata) time.Time {
+	if t, err := time.Parse(time.RFC3339Nano, msg.Headers().Get(eventTimeHeader)); err == nil {
+		return t
+	}
+	return meta.Timestamp
+}

@@ -137,7 +137,7 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 			return err
 		}
 		return sleep(ctx, c.cfg.HandlerDelay)
-	})
+	}, sentAt(d))
 	switch pgdedup.ActionFor(err) {
 	case pgdedup.ActionAck:
 		settle(log, d.Ack(false)) // a duplicate is done too: ack, or it comes back forever
@@ -169,6 +169,22 @@ func (c *consumer) handle(ctx context.Context, d amqp.Delivery) {
 		c.stats.add(&c.stats.rejected, d.Redelivered)
 		settle(log, d.Reject(false)) // dead-lettered if the queue has a dead-letter exchange
 	}
+}
+
+// sentAt passes the message's timestamp property to pgdedup.WithSentAt, when
+// the producer set one: a redelivery keeps it, so on the partitioned table
+// the claim looks only in the partitions from that time less
+// Config.SentAtMargin on, and a message older than the Retention is refused
+// (pgdedup.ErrTooLate: dead-lettered) rather than processed after its ID may
+// have been forgotten. A producer that republishes an ID stamps it anew; the
+// margin (an hour by default) must cover how long it keeps retrying. The
+// property has whole seconds, truncated, which errs on the safe side.
+// Without it the claim has no time: every partition is looked in.
+func sentAt(d amqp.Delivery) pgdedup.Option {
+	if d.Timestamp.IsZero() {
+		return nil
+	}
+	return pgdedup.WithSentAt(d.Timestamp)
 }
 
 // settle logs a failed ack, nack or reject. The channel is gone then, and

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -53,6 +54,8 @@ func (b orderBatch) messages(rng *rand.Rand) (msgs []amqp.Publishing, duplicates
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			Body:         body,
+			// Stamped once per order: the consumer passes it to WithSentAt.
+			Timestamp: time.Now(),
 		}
 		if rng.Float64() >= b.WithoutID {
 			msg.MessageId = "charge-" + o.OrderID
