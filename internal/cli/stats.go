@@ -25,7 +25,9 @@ consumer: the rows held, the oldest processed_at, the rows already expired
 (deleted by the next cleanup), and the next expiry among the rest; then each
 index and its size, or on a partitioned table each partition with its span,
 rows, size and state, and the runway: how long claims find a partition if no
-cleanup runs (partition_runway in --json, in nanoseconds). It reads the whole table: on tens of millions of rows,
+cleanup runs (partition_runway in --json, in nanoseconds). On a plain table it
+estimates the full-page images a claim logs after checkpoints, here and on the
+partitioned layout (wal_estimate; docs/sizing.md). It reads the whole table: on tens of millions of rows,
 expect it to take seconds.
 
 It shows the --max-consumers consumers with the most rows, and says how many
@@ -56,6 +58,9 @@ type stats struct {
 	// LeftOut sums up the consumers beyond --max-consumers, which Consumers
 	// leaves out.
 	LeftOut leftOut `json:"consumers_left_out"`
+	// WAL models what full-page images cost a claim on a plain table, and
+	// what the partitioned layout would cost (nil on a partitioned table).
+	WAL *walEstimate `json:"wal_estimate,omitempty"`
 }
 
 // leftOut is what the consumers stats does not show hold.
@@ -87,6 +92,9 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return c.fail(err)
 	}
 	st := stats{Table: c.table, Stats: ps}
+	if cp, err := checkpointTimeout(ctx, conn); err == nil {
+		st.WAL = estimateWAL(ps, cp)
+	}
 	st.Consumers, st.LeftOut = largest(ps.Consumers, *maxConsumers)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -188,6 +196,11 @@ func printStats(w io.Writer, st stats) {
 	}
 	if len(st.Partitions) > 0 {
 		printPartitions(w, st)
+	}
+	if e := st.WAL; e != nil {
+		fmt.Fprintf(w, "\nWAL: holding %s at checkpoint_timeout %s (%.0f cycles), %.0f rows per page of %s, a claim logs about %.2f full-page images (%s) after checkpoints; with the partitioned layout's %d partitions, about %.2f (%s). An empty table's claim logs about 0.6 kB in all (docs/sizing.md).\n",
+			roughly(e.Held), e.CheckpointTimeout, float64(e.Held)/float64(e.CheckpointTimeout), e.RowsPerPage, shown(e.KeyIndex),
+			e.PlainImages, bytes(int64(e.PlainBytes)), e.Partitions, e.PartitionedImages, bytes(int64(e.PartitionedBytes)))
 	}
 	if st.ExpiredRows > 0 {
 		fmt.Fprintf(w, "\n%d expired rows wait for cleanup (RunCleaner, or `pgdedup cleanup`)\n", st.ExpiredRows)

@@ -39,6 +39,11 @@ type statsJSON struct {
 		OldestProcessedAt time.Time  `json:"oldest_processed_at"`
 		NextExpiry        *time.Time `json:"next_expiry"`
 	} `json:"consumers"`
+	WAL *struct {
+		Held              time.Duration `json:"held"`
+		PlainImages       float64       `json:"plain_images"`
+		PartitionedImages float64       `json:"partitioned_images"`
+	} `json:"wal_estimate"`
 }
 
 func TestStatsCommand(t *testing.T) {
@@ -92,9 +97,15 @@ WHERE consumer = 'billing' AND message_id = t.id`)
 			st.Indexes, indexBytes, st.IndexBytes, st.DeadTuples, st.LastVacuum)
 	}
 
+	// The plain table's WAL estimate: its oldest row is 11 months old, so
+	// every claim would log a page image, and the partitioned layout fewer.
+	if !onCitus && (st.WAL == nil || st.WAL.Held < 300*24*time.Hour || st.WAL.PlainImages < 0.9 || st.WAL.PartitionedImages >= st.WAL.PlainImages) {
+		t.Errorf("wal_estimate: %+v", st.WAL)
+	}
+
 	r = run(t, "stats", "--database-url", db.URL)
 	if !onCitus {
-		for _, want := range []string{" dead tuples; last vacuum never, last autovacuum ", "\nINDEX ", " btree "} {
+		for _, want := range []string{" dead tuples; last vacuum never, last autovacuum ", "\nINDEX ", " btree ", "\nWAL: holding "} {
 			if r.code != 0 || !strings.Contains(r.stdout, want) {
 				t.Errorf("stats: no %q in %s", want, r)
 			}
@@ -234,6 +245,7 @@ func TestStatsCommandPartitioned(t *testing.T) {
 		Now        time.Time                `json:"now"`
 		Partitions []pgdedup.PartitionStats `json:"partitions"`
 		Runway     time.Duration            `json:"partition_runway"`
+		WAL        *json.RawMessage         `json:"wal_estimate"`
 	}
 	var text result
 	// Both outputs in one 5-minute partition (again if one began between).
@@ -243,6 +255,9 @@ func TestStatsCommandPartitioned(t *testing.T) {
 			t.Fatalf("stats --json: %v: %s, want 5 partitions or more (the past one, the current one, 3 ahead)", err, r)
 		}
 		text = run(t, "stats", "--database-url", db.URL)
+	}
+	if st.WAL != nil || strings.Contains(text.stdout, "\nWAL: ") {
+		t.Errorf("a WAL estimate for the plain layout on a partitioned table: %s", text)
 	}
 	if text.code != 0 || !regexp.MustCompile(`\n\d+ partitions of 5m0s each, sealed before \S+Z \(rows include hand-over copies\)\nPARTITION +FROM +TO +ROWS +SIZE +STATE\n`).MatchString(text.stdout) {
 		t.Fatalf("stats: no partitions header in %s", text)
