@@ -2,6 +2,7 @@ package pgdedup
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/pgdedup/pgdedup/internal/engine"
@@ -64,13 +65,25 @@ func (s *Store) newIDClaim(call, messageID string, opts []Option) (*engine.IDCla
 		}}, o, nil
 }
 
-// newBatchClaim validates ids and prepares their claim.
-func (s *Store) newBatchClaim(ids []string) (*engine.BatchClaim, error) {
+// newBatchClaim validates ids and opts, and prepares their claim. A batch
+// takes [WithSentAt] only: the earliest first-sent time of its messages.
+func (s *Store) newBatchClaim(call string, ids []string, opts []Option) (*engine.BatchClaim, error) {
+	o, err := s.cfg.callOptions(call, opts)
+	switch {
+	case err != nil:
+		return nil, err
+	case o.fingerprint != nil || o.retention != 0:
+		return nil, fmt.Errorf("%w: %s takes WithSentAt only (no fingerprint, no retention per batch)", ErrInvalidOption, call)
+	}
 	sorted, err := prepareBatch(s.cfg.Consumer, ids, s.cfg.MaxBatch)
 	if err != nil {
 		return nil, err
 	}
-	return &engine.BatchClaim{Consumer: s.cfg.Consumer, IDs: ids, Sorted: sorted.ids, Keys: sorted.keys}, nil
+	c := &engine.BatchClaim{Consumer: s.cfg.Consumer, IDs: ids, Sorted: sorted.ids, Keys: sorted.keys}
+	if !o.sentAt.IsZero() {
+		c.Since = o.sentAt.Add(-s.cfg.SentAtMargin)
+	}
+	return c, nil
 }
 
 // newOffsetsClaim prepares the claim of p's offsets, which are validated.
@@ -94,8 +107,8 @@ func (s *Store) claimID(call, messageID string, opts []Option, run func(engine.C
 
 // claimBatch is ClaimBatch and ClaimBatchSQL. It validates messageIDs, and
 // then run claims them in the caller's transaction.
-func (s *Store) claimBatch(messageIDs []string, run func(engine.Claim) error) (fresh []string, err error) {
-	c, err := s.newBatchClaim(messageIDs)
+func (s *Store) claimBatch(call string, messageIDs []string, opts []Option, run func(engine.Claim) error) (fresh []string, err error) {
+	c, err := s.newBatchClaim(call, messageIDs, opts)
 	if err != nil || len(c.Sorted) == 0 {
 		return nil, err
 	}

@@ -39,9 +39,10 @@ func (s *Store) ClaimSQL(ctx context.Context, tx *sql.Tx, messageID string, opts
 // [Config.LockTimeout] are as in [Store.ClaimSQL].
 //
 // The IDs and their keys travel as array parameters written as Postgres
-// array literals, so no driver-specific array type is needed.
-func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string) (fresh []string, err error) {
-	return s.claimBatch(messageIDs, func(c engine.Claim) error { return s.eng.ClaimInSQL(ctx, tx, c) })
+// array literals, so no driver-specific array type is needed. opts are as in
+// [Store.ProcessBatch].
+func (s *Store) ClaimBatchSQL(ctx context.Context, tx *sql.Tx, messageIDs []string, opts ...Option) (fresh []string, err error) {
+	return s.claimBatch("ClaimBatchSQL", messageIDs, opts, func(c engine.Claim) error { return s.eng.ClaimInSQL(ctx, tx, c) })
 }
 
 // ClaimOffsetsSQL is [Store.ClaimOffsets] for database/sql. Inside tx it

@@ -91,6 +91,38 @@ func TestLateMessageGuard(t *testing.T) {
 	}
 }
 
+// Batches take WithSentAt, the earliest time of their messages, as their
+// late-message guard; other options are refused. Neither refusal records or
+// runs anything.
+func TestBatchOptions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pgdedup.Config{Retention: 10 * time.Hour, LateMargin: time.Hour})
+	ctx := ctxT(t)
+	runs := 0
+	fn := func(context.Context, pgx.Tx, []string) error { runs++; return nil }
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		opt  pgdedup.Option
+		want error
+	}{
+		{"late", pgdedup.WithSentAt(now.Add(-9*time.Hour - time.Minute)), pgdedup.ErrTooLate},
+		{"fingerprint", pgdedup.WithFingerprint([]byte("p")), pgdedup.ErrInvalidOption},
+		{"retention", pgdedup.WithRetention(time.Hour * 2), pgdedup.ErrInvalidOption},
+		{"result limit", pgdedup.WithMaxResultBytes(10), pgdedup.ErrInvalidOption},
+	} {
+		if _, err := b.store.ProcessBatch(ctx, []string{"a", "b"}, fn, c.opt); !errors.Is(err, c.want) {
+			t.Errorf("ProcessBatch, %s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	if runs != 0 || recorded(t, b.pool, "billing", "a") {
+		t.Fatalf("refused batches ran fn %d times or recorded an ID", runs)
+	}
+	if fresh, err := b.store.ProcessBatch(ctx, []string{"a", "b"}, fn, pgdedup.WithSentAt(now.Add(-8*time.Hour))); err != nil || len(fresh) != 2 || runs != 1 {
+		t.Fatalf("sent 8h ago: fresh %v, err %v, %d runs", fresh, err, runs)
+	}
+}
+
 func TestFingerprint(t *testing.T) {
 	t.Parallel()
 	events := &eventLog{}
@@ -301,6 +333,32 @@ var optionCalls = map[string]optionCall{
 		}
 		return ran, tx.Commit()
 	},
+	"ProcessBatch": func(ctx context.Context, b *bundle, id string, _ []byte, opts ...pgdedup.Option) (ran bool, err error) {
+		_, err = b.store.ProcessBatch(ctx, []string{id}, func(context.Context, pgx.Tx, []string) error { ran = true; return nil }, opts...)
+		return ran, err
+	},
+	"ClaimBatch": func(ctx context.Context, b *bundle, id string, _ []byte, opts ...pgdedup.Option) (ran bool, err error) {
+		err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			fresh, err := b.store.ClaimBatch(ctx, tx, []string{id}, opts...)
+			ran = len(fresh) == 1
+			return err
+		})
+		return ran, err
+	},
+	"ClaimBatchSQL": func(ctx context.Context, b *bundle, id string, _ []byte, opts ...pgdedup.Option) (ran bool, err error) {
+		db := stdlib.OpenDBFromPool(b.pool)
+		defer db.Close()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return false, err
+		}
+		defer tx.Rollback() //nolint:errcheck // no-op after Commit
+		fresh, err := b.store.ClaimBatchSQL(ctx, tx, []string{id}, opts...)
+		if err != nil {
+			return false, err
+		}
+		return len(fresh) == 1, tx.Commit()
+	},
 }
 
 // optionChecks say, for each Option, how a call shows that it took effect.
@@ -355,6 +413,10 @@ var optionRefusals = map[string][]string{
 	"Process":  {"WithMaxResultBytes"},
 	"Claim":    {"WithMaxResultBytes"},
 	"ClaimSQL": {"WithMaxResultBytes"},
+	// A batch takes its earliest time only.
+	"ProcessBatch":  {"WithFingerprint", "WithMaxResultBytes", "WithRetention"},
+	"ClaimBatch":    {"WithFingerprint", "WithMaxResultBytes", "WithRetention"},
+	"ClaimBatchSQL": {"WithFingerprint", "WithMaxResultBytes", "WithRetention"},
 }
 
 // Every Option passed to every call that takes options either takes effect

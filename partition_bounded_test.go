@@ -118,6 +118,7 @@ END LOOP; END $$`, n))
 		{"sent 3h ago", []pgdedup.Option{pgdedup.WithSentAt(time.Now().Add(-3 * time.Hour))}, -4 * time.Hour, false},
 		{"fingerprint, sent now", []pgdedup.Option{pgdedup.WithSentAt(time.Now()), pgdedup.WithFingerprint([]byte("p"))}, -time.Hour, false},
 		{"batch", nil, -n * time.Hour, true},
+		{"batch, sent 2h ago", []pgdedup.Option{pgdedup.WithSentAt(time.Now().Add(-2 * time.Hour))}, -3 * time.Hour, true},
 	}
 	for i, c := range cases {
 		conn := newSession(t, b) // a session of its own: the claim plans
@@ -126,7 +127,7 @@ END LOOP; END $$`, n))
 			t.Fatal(err)
 		}
 		if c.batch {
-			if fresh, err := b.store.ClaimBatch(ctx, tx, []string{"b1", "b2"}); err != nil || len(fresh) != 2 {
+			if fresh, err := b.store.ClaimBatch(ctx, tx, []string{"b1", "b2"}, c.opts...); err != nil || len(fresh) != 2 {
 				t.Fatalf("%s: ClaimBatch: %v %v", c.name, fresh, err)
 			}
 		} else if claimed, err := b.store.Claim(ctx, tx, fmt.Sprintf("m%d", i), c.opts...); err != nil || !claimed {
@@ -153,7 +154,9 @@ END LOOP; END $$`, n))
 func TestBoundedClaimRedeliveriesAcrossSwitches(t *testing.T) {
 	t.Parallel()
 	const margin = time.Second
-	b := setupPartitioned(t, pgdedup.Config{Retention: 10 * time.Second, Partitions: 10, SentAtMargin: margin}) // 1 s spans
+	// 1 s spans; a Retention of 30 of them, so that the late-message guard
+	// (27 s) stays far from the rounds' redeliveries on a loaded machine.
+	b := setupPartitioned(t, pgdedup.Config{Retention: 30 * time.Second, Partitions: 30, SentAtMargin: margin})
 	keepPartitions(t, b)
 	ctx := ctxT(t)
 	sent := map[string]time.Time{}
@@ -174,6 +177,22 @@ func TestBoundedClaimRedeliveriesAcrossSwitches(t *testing.T) {
 					t.Fatalf("round %d: redelivery of %s: processed=%v err=%v, want a duplicate", round, id, processed, err)
 				}
 			}
+		}
+		// A batch of them all, with its earliest time, finds each.
+		ids := make([]string, 0, len(sent))
+		for id := range sent {
+			ids = append(ids, id)
+		}
+		fresh, err := b.store.ProcessBatch(ctx, ids, func(ctx context.Context, tx pgx.Tx, fresh []string) error {
+			for _, id := range fresh {
+				if err := charge(id)(ctx, tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, pgdedup.WithSentAt(sent["m0"]))
+		if err != nil || len(fresh) != 0 {
+			t.Fatalf("round %d: batch redelivery: fresh %v, err %v; want none fresh", round, fresh, err)
 		}
 	}
 	if _, sealed := partitionClock(t, b.pool); !sealed.After(sent["m0"]) {

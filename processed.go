@@ -143,8 +143,12 @@ func (s *Store) Process(ctx context.Context, messageID string, fn func(ctx conte
 // whole batch is rejected with [ErrInvalidMessageID], naming its index. A
 // batch of more than [Config.MaxBatch] IDs is rejected with
 // [ErrBatchTooLarge]. Both happen before anything is sent.
-func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(ctx context.Context, tx pgx.Tx, fresh []string) error) (fresh []string, err error) {
-	c, err := s.newBatchClaim(messageIDs)
+//
+// opts may hold [WithSentAt] with the earliest first-sent time of the
+// batch's messages, which bounds the claim of every ID and is the batch's
+// late-message guard; other options return [ErrInvalidOption].
+func (s *Store) ProcessBatch(ctx context.Context, messageIDs []string, fn func(ctx context.Context, tx pgx.Tx, fresh []string) error, opts ...Option) (fresh []string, err error) {
+	c, err := s.newBatchClaim("ProcessBatch", messageIDs, opts)
 	if err != nil || len(c.Sorted) == 0 {
 		return nil, err
 	}

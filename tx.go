@@ -37,9 +37,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, messageID string, opts ...
 // overlapping batches cannot deadlock. An invalid ID rejects the whole batch
 // with [ErrInvalidMessageID], naming its index. A batch of more than
 // [Config.MaxBatch] IDs is rejected with [ErrBatchTooLarge]. Both happen
-// before anything is sent.
-func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string) (fresh []string, err error) {
-	return s.claimBatch(messageIDs, func(c engine.Claim) error { return s.eng.ClaimIn(ctx, tx, c) })
+// before anything is sent. opts are as in [Store.ProcessBatch].
+func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, messageIDs []string, opts ...Option) (fresh []string, err error) {
+	return s.claimBatch("ClaimBatch", messageIDs, opts, func(c engine.Claim) error { return s.eng.ClaimIn(ctx, tx, c) })
 }
 
 // ClaimOffset advances p's stored offset to offset inside tx, the caller's

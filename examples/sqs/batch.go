@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,9 +33,10 @@ func (o outcome) done() bool { return o == processed || o == duplicate }
 // message is one SQS message, from ReceiveMessage or from a Lambda event,
 // decoded before anything touches the database.
 type message struct {
-	SQSID        string // the MessageId SQS gave it; Lambda's BatchItemFailures name it
-	Key          string // what pgdedup records: the producer's key attribute, else SQSID
-	ReceiveCount int    // ApproximateReceiveCount: above 1 it is a redelivery
+	SQSID        string    // the MessageId SQS gave it; Lambda's BatchItemFailures name it
+	Key          string    // what pgdedup records: the producer's key attribute, else SQSID
+	ReceiveCount int       // ApproximateReceiveCount: above 1 it is a redelivery
+	SentAt       time.Time // SentTimestamp: when SQS accepted the send; zero if absent
 	Order        shop.Order
 	Err          error // not a chargeable order: rejected
 	Outcome      outcome
@@ -42,8 +44,8 @@ type message struct {
 
 // newMessage decodes one message. key is the value of the producer's key
 // attribute, empty when the producer set none.
-func newMessage(sqsID, key, body string, receiveCount int) *message {
-	m := &message{SQSID: sqsID, Key: key, ReceiveCount: receiveCount}
+func newMessage(sqsID, key, body string, receiveCount int, sentTimestamp string) *message {
+	m := &message{SQSID: sqsID, Key: key, ReceiveCount: receiveCount, SentAt: sentAt(sentTimestamp)}
 	if m.Key == "" {
 		// SQS's own MessageId is the same on every redelivery of one send,
 		// but a producer that retries SendMessage makes a new one: only a
@@ -55,6 +57,42 @@ func newMessage(sqsID, key, body string, receiveCount int) *message {
 		m.Err = pgdedup.ValidateMessageID(m.Key)
 	}
 	return m
+}
+
+// sentAt parses SQS's SentTimestamp attribute (milliseconds since the epoch),
+// the time pgdedup.WithSentAt gets. Every receive of one send carries the
+// same, so on the partitioned table a claim looks only in the partitions from
+// it less Config.SentAtMargin on, and a message older than the Retention gets
+// pgdedup.ErrTooLate (left to the redrive policy) rather than being charged
+// after its key may have been forgotten. A producer that retries SendMessage
+// makes a new send, stamped later: SentAtMargin (an hour by default) must
+// cover how long it retries. Absent or unparsable, the claim has no time.
+func sentAt(sentTimestamp string) time.Time {
+	ms, err := strconv.ParseInt(sentTimestamp, 10, 64)
+	if err != nil || ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// sentAtOption is the WithSentAt of a claim of msgs: the earliest of their
+// times, which bounds each of them; none if one has no time, since its claim
+// must then look everywhere.
+func sentAtOption(msgs []*message) pgdedup.Option {
+	var first time.Time
+	for _, m := range msgs {
+		switch {
+		case m.Err != nil:
+		case m.SentAt.IsZero():
+			return nil
+		case first.IsZero() || m.SentAt.Before(first):
+			first = m.SentAt
+		}
+	}
+	if first.IsZero() {
+		return nil
+	}
+	return pgdedup.WithSentAt(first)
 }
 
 // charger charges the orders of a batch of SQS messages, each once.
@@ -93,7 +131,7 @@ func (c *charger) chargeBatch(ctx context.Context, msgs []*message) {
 			}
 		}
 		return sleep(ctx, c.handlerDelay)
-	})
+	}, sentAtOption(msgs))
 	if err == nil {
 		charged := map[string]bool{}
 		for _, key := range fresh {
@@ -125,7 +163,7 @@ func (c *charger) chargeOne(ctx context.Context, m *message) (outcome, error) {
 			return err
 		}
 		return sleep(ctx, c.handlerDelay)
-	})
+	}, sentAtOption([]*message{m}))
 	switch pgdedup.ActionFor(err) {
 	case pgdedup.ActionAck:
 		if charged {

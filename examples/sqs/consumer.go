@@ -106,7 +106,7 @@ func (c *consumer) poll(ctx, workCtx context.Context) error {
 			MaxNumberOfMessages:         int32(c.cfg.BatchSize),
 			WaitTimeSeconds:             int32(c.cfg.Wait / time.Second),
 			MessageAttributeNames:       []string{c.cfg.KeyAttribute},
-			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount, types.MessageSystemAttributeNameSentTimestamp},
 		})
 		switch {
 		case ctx.Err() != nil:
@@ -141,7 +141,7 @@ func (c *consumer) handle(ctx context.Context, received []types.Message) {
 			key = *a.StringValue
 		}
 		count, _ := strconv.Atoi(r.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
-		msgs[i] = newMessage(aws.ToString(r.MessageId), key, aws.ToString(r.Body), count)
+		msgs[i] = newMessage(aws.ToString(r.MessageId), key, aws.ToString(r.Body), count, r.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)])
 	}
 	c.charger.chargeBatch(ctx, msgs)
 

@@ -33,7 +33,7 @@ func (h *lambdaHandler) Handle(ctx context.Context, event events.SQSEvent) (even
 			key = *a.StringValue
 		}
 		count, _ := strconv.Atoi(r.Attributes["ApproximateReceiveCount"])
-		msgs[i] = newMessage(r.MessageId, key, r.Body, count)
+		msgs[i] = newMessage(r.MessageId, key, r.Body, count, r.Attributes["SentTimestamp"])
 	}
 	h.charger.chargeBatch(ctx, msgs)
 	var resp events.SQSEventResponse

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -105,7 +106,9 @@ func newTestHandler(t *testing.T, db *pgdeduptest.DB, lockTimeout time.Duration,
 }
 
 // loadEvent reads an SQS event as Lambda's runtime does: JSON into
-// events.SQSEvent.
+// events.SQSEvent. Its SentTimestamps are moved, keeping their differences,
+// so that the last is now: the handler passes them to WithSentAt, and the
+// files' own would grow older than the Retention.
 func loadEvent(t *testing.T, path string) events.SQSEvent {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -116,7 +119,42 @@ func loadEvent(t *testing.T, path string) events.SQSEvent {
 	if err := json.Unmarshal(b, &e); err != nil {
 		t.Fatal(err)
 	}
+	var last int64
+	for _, r := range e.Records {
+		ms, err := strconv.ParseInt(r.Attributes["SentTimestamp"], 10, 64)
+		if err != nil {
+			t.Fatalf("%s: SentTimestamp: %v", path, err)
+		}
+		last = max(last, ms)
+	}
+	shift := time.Now().UnixMilli() - last
+	for _, r := range e.Records {
+		ms, _ := strconv.ParseInt(r.Attributes["SentTimestamp"], 10, 64)
+		r.Attributes["SentTimestamp"] = strconv.FormatInt(ms+shift, 10)
+	}
 	return e
+}
+
+// The handler passes each message's SentTimestamp to pgdedup.WithSentAt (a
+// batch its earliest): a message sent longer ago than the Retention (48 h)
+// is refused as too late, not charged, and comes back in BatchItemFailures
+// (for the redrive policy), while its batch's others are charged.
+func TestLambdaPassesSentTimestamp(t *testing.T) {
+	db := fleet.ShopDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out := &fleet.Log{}
+	h := newTestHandler(t, db, 50*time.Millisecond, out)
+	event := loadEvent(t, "testdata/sqs-event.json")
+	stale := event.Records[1] // order b; a is sent twice, both in time
+	stale.Attributes["SentTimestamp"] = strconv.FormatInt(time.Now().Add(-49*time.Hour).UnixMilli(), 10)
+	if failures := invoke(t, ctx, h, event); !slices.Equal(failures, []string{stale.MessageId}) {
+		t.Fatalf("BatchItemFailures %v, want the stale message's %s\n%s", failures, stale.MessageId, out.LastLines())
+	}
+	fleet.CheckChargedBy(t, db, map[string][]string{"ord-a": {"lambda"}})
+	if n := out.Counts(); n.Rejected != 1 {
+		t.Errorf("rejected %d, want 1 (too late)\n%s", n.Rejected, out.LastLines())
+	}
 }
 
 // invoke calls the handler with event through JSON, as the runtime does, and

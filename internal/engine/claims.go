@@ -153,7 +153,10 @@ type BatchClaim struct {
 	// Sorted are the valid IDs, each once, in key order. Keys[i] is the key
 	// of Sorted[i].
 	Sorted, Keys []string
-	fresh        map[string]struct{}
+	// Since, when not zero, is the earliest time a claim of any of the IDs
+	// can have been made (shape.Many.Since).
+	Since time.Time
+	fresh map[string]struct{}
 	// missed is set by a claim whose guess the database refuted. A batch
 	// guesses once (see Missed).
 	missed, guessed bool
@@ -164,7 +167,7 @@ func (c *BatchClaim) Statements(l *Layouts) Statements {
 	c.fresh = make(map[string]struct{}, len(c.Sorted))
 	m := shape.Many{Consumer: c.Consumer, IDs: c.Sorted, Keys: c.Keys, Fresh: c.addFresh}
 	if !c.guessed {
-		m.Missed = &c.missed
+		m.Missed, m.Since = &c.missed, c.Since
 	}
 	return Statements{Settings: l.Messages.Settings(true), Claim: l.Messages.ClaimMany(m)}
 }

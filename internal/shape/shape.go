@@ -112,6 +112,9 @@ type Many struct {
 	// Missed is as One's: when set, the shape may guess from the client's
 	// clock, and sets it when the guess was wrong, having written nothing.
 	Missed *bool
+	// Since is as One's, for every ID of the batch; it counts only with
+	// Missed set.
+	Since time.Time
 }
 
 // Shape is how the dedup table is laid out, on its placement.

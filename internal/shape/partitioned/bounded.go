@@ -235,8 +235,8 @@ func timestampLiteral(t time.Time) string {
 // boundedBatch is the template of the bounded claim of many IDs: the claim
 // of many IDs without bounds (partitioned.go), with the upper bound. It
 // answers the IDs it inserted, and a NULL if the database's clock lay past
-// the upper bound. A batch carries no time, so its lower bound is
-// -infinity.
+// the upper bound. Its lower bound is the batch's time (shape.Many.Since),
+// or -infinity without one.
 func boundedBatch(t, meta, cols string, m plain.Statements) string {
 	within := ` AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + upperMark
 	return headSQL(t, meta, "GREATEST(m.sealed, "+lowerMark+")") + `ok AS MATERIALIZED (
@@ -269,7 +269,7 @@ func (l *Shape) claimManyBounded(c shape.Many) []shape.Statement {
 	if c.Missed == nil || l.boundBatch == "" || l.span <= 0 {
 		return nil
 	}
-	sql := l.render(l.boundBatch, renderKey{batch: true}, time.Time{})
+	sql := l.render(l.boundBatch, renderKey{batch: true}, c.Since)
 	fresh, missed := c.Fresh, c.Missed
 	return []shape.Statement{{SQL: sql, Args: []any{c.Consumer, c.IDs, c.Keys}, Row: func(scan func(dest ...any) error) error {
 		var id *string
