@@ -176,11 +176,12 @@ func post(t *testing.T, url, key, body string, headers ...string) reply {
 	return r
 }
 
-// send posts with http.DefaultClient. Note that Go's http.Transport itself
+// send posts on a connection of its own (freshConns). Go's http.Transport
 // resends a request that has an Idempotency-Key header when a reused
-// connection fails; sendWith(freshConns, ...) avoids that.
+// connection fails, and on a loaded machine (CI) such a resend of a first
+// request met the first still running and got 409.
 func send(url, key, body string, headers ...string) (reply, error) {
-	return sendWith(http.DefaultClient, url, key, body, headers...)
+	return sendWith(freshConns, url, key, body, headers...)
 }
 
 // freshConns opens a connection per request, so its Transport never resends.
