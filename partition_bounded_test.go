@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdedup/pgdedup"
 	"github.com/pgdedup/pgdedup/internal/pgtest"
@@ -267,5 +271,175 @@ func TestBoundedClaimClockMisses(t *testing.T) {
 				t.Errorf("o1 charged %d times, want 1", n)
 			}
 		})
+	}
+}
+
+// freshTracer counts the fresh claims a pool sends (the bounded claim of a
+// message sent in the client's current partition, one INSERT): those that
+// inserted the ID, and those that inserted nothing and so were sent again.
+type freshTracer struct {
+	inserted, again atomic.Int64
+}
+
+func (f *freshTracer) count(sql string, tag pgconn.CommandTag, err error) {
+	if err != nil || !strings.Contains(sql, "FROM (SELECT pg_catalog.clock_timestamp() AS t) c WHERE c.t >=") {
+		return
+	}
+	if tag.RowsAffected() == 1 {
+		f.inserted.Add(1)
+	} else {
+		f.again.Add(1)
+	}
+}
+
+func (f *freshTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (f *freshTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (f *freshTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (f *freshTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	f.count(d.SQL, d.CommandTag, d.Err)
+}
+func (f *freshTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// A claim of a message sent in the client's current partition is one
+// INSERT. When the database's clock lies in the next partition, or the ID
+// is there, it inserts nothing, and is sent again as a bounded claim. The
+// client's clock here is half a span behind the database's, so half the
+// fresh claims miss. Four consumers deliver every message at once, and
+// again a span later: each order is charged once, and both ways of a fresh
+// claim were taken.
+func TestFreshClaim(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusColumn() != "" {
+		t.Log("on Citus the claim is a function of its own; this checks the one-server claim")
+		return
+	}
+	const span = 4 * time.Second
+	b := setupPartitioned(t, pgdedup.Config{Retention: 10 * span, Partitions: 10, SentAtMargin: 100 * time.Millisecond})
+	keepPartitions(t, b)
+	pc, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer := &freshTracer{}
+	pc.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctxT(t), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	clock := func() time.Time { return time.Now().Add(-span / 2) }
+	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", SentAtMargin: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgdedup.SetClock(store, clock)
+	ctx := ctxT(t)
+	var ids []string
+	sent := map[string]time.Time{}
+	deliver := func(id string) {
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				if _, err := store.Process(ctx, id, charge(id), pgdedup.WithSentAt(sent[id])); err != nil {
+					t.Errorf("Process %s: %v", id, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	for end := time.Now().Add(2 * span); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		id := fmt.Sprint("m", len(ids))
+		ids, sent[id] = append(ids, id), clock()
+		deliver(id)
+	}
+	waitSwitch(t, b.pool)
+	for _, id := range ids {
+		deliver(id)
+	}
+	charges := chargesPerOrder(t, b.pool)
+	for _, id := range ids {
+		if charges[id] != 1 {
+			t.Errorf("%s charged %d times, want 1", id, charges[id])
+		}
+	}
+	t.Logf("%d messages; fresh claims: %d inserted, %d sent again", len(ids), tracer.inserted.Load(), tracer.again.Load())
+	if tracer.inserted.Load() == 0 || tracer.again.Load() == 0 {
+		t.Errorf("fresh claims: %d inserted, %d sent again; want some of each", tracer.inserted.Load(), tracer.again.Load())
+	}
+}
+
+// On Citus a claim calls pgdedup_partitioned_claim, which now takes the
+// claim's time. The release before made it without one. A Store of this
+// release on such a table claims as before, without bounds. Setup then
+// makes the function with a time and turns the old one into a wrapper,
+// which the older Store keeps calling, while a Store started after Setup
+// passes times. Each order is charged once throughout.
+func TestCitusClaimFunctionUpgrade(t *testing.T) {
+	t.Parallel()
+	if pgtest.CitusColumn() == "" {
+		t.Log("the claim function exists on Citus only")
+		return
+	}
+	b := setupPartitioned(t, pgdedup.Config{Retention: time.Hour, Partitions: 6})
+	ctx := ctxT(t)
+	const with, without = `pgdedup_partitioned_claim(regclass, regclass, text, text[], uuid[], timestamptz, bytea, timestamptz)`,
+		`pgdedup_partitioned_claim(regclass, regclass, text, text[], uuid[], timestamptz, bytea)`
+	exists := func(fn string) bool {
+		return pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_proc WHERE oid = to_regprocedure($1)`, fn) == 1
+	}
+	if !exists(with) || !exists(without) {
+		t.Fatalf("after Setup: the function with a time exists: %v, without: %v; want both", exists(with), exists(without))
+	}
+	// The release before: one function, without a time, with a body of its
+	// own (here, the function with a time under another name).
+	mustExec(t, b.pool, `ALTER FUNCTION `+with+` RENAME TO pgdedup_claim_before`)
+	mustExec(t, b.pool, `DROP FUNCTION `+without)
+	mustExec(t, b.pool, `CREATE FUNCTION pgdedup_partitioned_claim(t regclass, meta regclass, c text, ids text[], keys uuid[], exp timestamptz, fp bytea)
+RETURNS SETOF text LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS 'SELECT * FROM `+b.db.Schema+`.pgdedup_claim_before(t, meta, c, ids, keys, exp, fp, NULL)'`)
+	newStore := func() *pgdedup.Store {
+		s, err := pgdedup.New(b.pool, pgdedup.Config{Consumer: "billing", Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	deliver := func(s *pgdedup.Store, id string, want bool) {
+		t.Helper()
+		if processed, err := s.Process(ctx, id, charge(id), pgdedup.WithSentAt(time.Now())); err != nil || processed != want {
+			t.Fatalf("Process %s: processed=%v err=%v, want %v", id, processed, err, want)
+		}
+		if fresh, err := s.ProcessBatch(ctx, []string{id, id + "-b"}, func(context.Context, pgx.Tx, []string) error { return nil },
+			pgdedup.WithSentAt(time.Now())); err != nil || len(fresh) != map[bool]int{true: 1, false: 0}[want] {
+			t.Fatalf("ProcessBatch %s: fresh=%v err=%v", id, fresh, err)
+		}
+	}
+	before := newStore()
+	deliver(before, "m1", true)
+	deliver(before, "m1", false)
+	if err := b.store.Setup(ctx); err != nil {
+		t.Fatalf("Setup again: %v", err)
+	}
+	if !exists(with) || !exists(without) {
+		t.Fatalf("after the second Setup: the function with a time exists: %v, without: %v; want both", exists(with), exists(without))
+	}
+	if n := pgtest.Count(t, b.pool, `SELECT count(*) FROM pg_proc WHERE oid = to_regprocedure($1) AND prosrc LIKE '%pgdedup_claim_before%'`, without); n != 0 {
+		t.Errorf("the old function without a time was kept; want it replaced by the wrapper")
+	}
+	after := newStore()
+	deliver(before, "m1", false)
+	deliver(after, "m1", false)
+	deliver(after, "m2", true)
+	deliver(before, "m2", false)
+	deliver(before, "m3", true)
+	deliver(after, "m3", false)
+	for _, id := range []string{"m1", "m2", "m3"} {
+		if n := chargesPerOrder(t, b.pool)[id]; n != 1 {
+			t.Errorf("%s charged %d times, want 1", id, n)
+		}
 	}
 }

@@ -39,7 +39,8 @@ func TestClaimCostTiny(t *testing.T) {
 	}
 	for _, name := range []string{"plain empty", "partitioned-4 empty", "partitioned-12 empty, with expires_at index", "plain empty, exec mode",
 		"partitioned-12 empty, exec mode, with expires_at index", "plain populated", "partitioned-4 populated", "partitioned-12 populated, exec mode, with expires_at index",
-		"plain populated, with a time", "partitioned-12 populated, with a time", "plain populated, exec mode, with a time", "partitioned-12 populated, exec mode, with a time"} {
+		"plain populated, with a time", "partitioned-12 populated, with a time", "plain populated, exec mode, with a time", "partitioned-12 populated, exec mode, with a time",
+		"partitioned-12 populated, sent before its partition", "partitioned-12 populated, exec mode, sent before its partition"} {
 		if _, ok := locks[name]; !ok {
 			t.Errorf("report lacks a row for %q:\n%s", name, out.String())
 		}
@@ -60,7 +61,8 @@ func TestClaimCostTiny(t *testing.T) {
 	for _, m := range target.FindAllStringSubmatch(out.String(), -1) {
 		targets[m[1]] = strings.TrimSpace(m[2])
 	}
-	for name, want := range map[string]string{"partitioned-12 populated, with a time": "≥ 0.95×", "partitioned-12 populated, exec mode, with a time": "≥ 0.85×",
+	for name, want := range map[string]string{"partitioned-12 populated, with a time": "–", "partitioned-12 populated, sent before its partition": "–",
+		"partitioned-12 populated, with a time, at the defaults (3 in 4 fresh)": "≥ 0.95×", "partitioned-12 populated, exec mode, with a time, at the defaults (3 in 4 fresh)": "≥ 0.85×",
 		"partitioned-12 populated": "≥ 0.75×", "partitioned-12 populated, exec mode": "–"} {
 		if got, ok := targets[name]; !ok || got != want {
 			t.Errorf("issue 29's ratios: %q has target %q (found %v), want %q:\n%s", name, got, ok, want, out.String())

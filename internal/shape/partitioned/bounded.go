@@ -24,6 +24,16 @@ import (
 //     on, and hands over through the unsealed ones from there on. Without
 //     a time it is -infinity, and the claim looks everywhere, as before.
 //
+// A fresh claim is the cheapest. When the lower bound is the start of the
+// client's current partition, no partition before it can hold the ID, so
+// there is nothing to look up and nothing to hand over through, and the seal
+// does not matter. The claim is one INSERT of the ID through the parent,
+// stamped with the database's clock, which it writes only if that clock lies
+// in the lower bound's partition. The statement is the plain table's, but
+// for that condition. Inserting nothing says nothing more: the ID may be
+// there, or the clock may lie elsewhere. So the claim then answers Missed,
+// and the next claim tells the two apart.
+//
 // The client's clock only chooses the bounds. The database's clock still
 // decides the partition, and the statement checks that it lies between
 // them. If not, it writes nothing and answers so (shape.One.Missed), and
@@ -40,6 +50,8 @@ import (
 const (
 	lowerMark = "{{lower}}"
 	upperMark = "{{upper}}"
+	// nextMark is the end of the client's current partition.
+	nextMark = "{{next}}"
 )
 
 // boundedStored bounds the SELECT after a claim (plain.Statements'
@@ -48,6 +60,9 @@ const (
 	boundedStored     = ` AND processed_at >= ` + lowerMark + ` AND processed_at < ` + upperMark
 	storedFingerprint = -1
 	storedResult      = -2
+	// boundedStoredFresh bounds it after a fresh claim: the ID's row can be
+	// only in the client's current partition.
+	boundedStoredFresh = ` AND processed_at >= ` + lowerMark + ` AND processed_at < ` + nextMark
 )
 
 // boundedClaims returns the templates of the claims of one ID, by variant
@@ -58,8 +73,23 @@ const (
 // it is one look-up in the sealed partitions within the bounds and one
 // insert. The bounded claim guesses only that the database's clock lies
 // within the bounds, and hands over as the claim without bounds does.
-func boundedClaims(t, meta, cols string, m plain.Statements) (lean, bounded *[4]string) {
-	return leanClaims(t, meta, cols, m), fullClaims(t, meta, cols, m)
+func boundedClaims(t, meta, cols string, m plain.Statements) (fresh, lean, bounded *[4]string) {
+	return freshClaims(t, cols, m), leanClaims(t, meta, cols, m), fullClaims(t, meta, cols, m)
+}
+
+// freshClaims are the fresh claims by variant. They insert the ID if the
+// database's clock lies in the client's current partition, which starts at
+// the lower bound.
+func freshClaims(t, cols string, m plain.Statements) *[4]string {
+	var out [4]string
+	for v := range out {
+		exp, cols, values := variantSQL(v, cols, m)
+		out[v] = `INSERT INTO ` + t + cols + `
+SELECT $3::uuid, $1::text, $2::text, c.t, ` + exp + values + `
+FROM (SELECT pg_catalog.clock_timestamp() AS t) c WHERE c.t >= ` + lowerMark + ` AND c.t < ` + nextMark + `
+ON CONFLICT DO NOTHING`
+	}
+	return &out
 }
 
 // variantSQL returns the expires_at expression, the extra column list and
@@ -143,23 +173,35 @@ func (l *Shape) claimBounded(c shape.One) []shape.Statement {
 	if c.Fingerprint != nil {
 		v |= plain.ClaimFingerprint
 	}
-	tmpls, lean := l.boundWith, c.Tried == 0
-	if lean {
-		tmpls = l.leanWith
+	now := l.clock()
+	tmpls, kind := l.boundWith, bounded
+	switch {
+	case c.Tried > 0:
+	case !c.Since.IsZero() && spanStart(c.Since, l.span).Equal(spanStart(now, l.span)):
+		tmpls, kind = l.freshWith, fresh
+	default:
+		tmpls, kind = l.leanWith, lean
 	}
 	var sqls [4]string
-	sqls[v] = l.render(tmpls[v], renderKey{lean: lean, variant: v}, c.Since)
+	sqls[v] = l.render(tmpls[v], renderKey{kind: kind, variant: v}, c.Since, now)
 	// The SELECT that reads the row back for a fingerprint or a result is
 	// bounded alike: the ID's rows lie within the bounds.
-	stored := l.sql
+	stored, bound := l.sql, boundedStored
+	if kind == fresh {
+		bound = boundedStoredFresh
+	}
 	switch {
 	case c.WithResult:
-		stored.StoredResult = l.render(l.sql.StoredResult+boundedStored, renderKey{variant: storedResult}, c.Since)
+		stored.StoredResult = l.render(l.sql.StoredResult+bound, renderKey{kind: kind, variant: storedResult}, c.Since, now)
 	case c.Fingerprint != nil:
-		stored.StoredFingerprint = l.render(l.sql.StoredFingerprint+boundedStored, renderKey{variant: storedFingerprint}, c.Since)
+		stored.StoredFingerprint = l.render(l.sql.StoredFingerprint+bound, renderKey{kind: kind, variant: storedFingerprint}, c.Since, now)
 	}
 	sts := plain.ClaimOneWith(c, stored, sqls)
 	claimed, missed := c.Claimed, c.Missed
+	if kind == fresh {
+		sts[0].Affected = func(n int64) { *claimed, *missed = n == 1, n != 1 }
+		return sts
+	}
 	sts[0].Affected = nil
 	sts[0].Row = func(scan func(dest ...any) error) error {
 		var n int64
@@ -179,19 +221,28 @@ type rendered struct {
 	sqls  sync.Map // renderKey → string
 }
 
+// The kinds of bounded claim of one ID, from the most guessing.
+const (
+	bounded = iota
+	lean
+	fresh
+)
+
 // renderKey is what a rendered statement depends on besides the upper
 // bound.
 type renderKey struct {
-	lean, batch bool
-	variant     int
-	lower       time.Time // zero: -infinity
+	batch   bool
+	kind    int // of a claim of one ID
+	variant int
+	lower   time.Time // zero: -infinity
 }
 
-// render returns tmpl with the bounds of a claim made now on the client's
-// clock: the start of since's partition, or -infinity if since is zero,
-// and the end of the partition after now's.
-func (l *Shape) render(tmpl string, key renderKey, since time.Time) string {
-	upper := spanStart(l.clock(), l.span).Add(2 * l.span)
+// render returns tmpl with the bounds of a claim made at now on the
+// client's clock: the start of since's partition, or -infinity if since is
+// zero, and the end of the partition after now's (the end of now's for
+// nextMark).
+func (l *Shape) render(tmpl string, key renderKey, since, now time.Time) string {
+	upper := spanStart(now, l.span).Add(2 * l.span)
 	if !since.IsZero() {
 		key.lower = spanStart(since, l.span)
 	}
@@ -207,7 +258,8 @@ func (l *Shape) render(tmpl string, key renderKey, since time.Time) string {
 	if !key.lower.IsZero() {
 		lower = timestampLiteral(key.lower)
 	}
-	s := strings.NewReplacer(lowerMark, lower, upperMark, timestampLiteral(upper)).Replace(tmpl)
+	s := strings.NewReplacer(lowerMark, lower, upperMark, timestampLiteral(upper),
+		nextMark, timestampLiteral(upper.Add(-l.span))).Replace(tmpl)
 	r.sqls.Store(key, s)
 	return s
 }
@@ -269,7 +321,7 @@ func (l *Shape) claimManyBounded(c shape.Many) []shape.Statement {
 	if c.Missed == nil || l.boundBatch == "" || l.span <= 0 {
 		return nil
 	}
-	sql := l.render(l.boundBatch, renderKey{batch: true}, c.Since)
+	sql := l.render(l.boundBatch, renderKey{batch: true}, c.Since, l.clock())
 	fresh, missed := c.Fresh, c.Missed
 	return []shape.Statement{{SQL: sql, Args: []any{c.Consumer, c.IDs, c.Keys}, Row: func(scan func(dest ...any) error) error {
 		var id *string

@@ -32,15 +32,20 @@ func TestRender(t *testing.T) {
 	now := time.Date(2026, 12, 5, 1, 30, 0, 0, time.UTC)
 	l := &Shape{span: time.Hour, clock: func() time.Time { return now }}
 	tmpl := lowerMark + " " + upperMark
-	key := renderKey{lean: true}
-	if got := l.render(tmpl, key, time.Time{}); got != `'-infinity'::pg_catalog.timestamptz '2026-12-05 03:00:00+00'::pg_catalog.timestamptz` {
+	key := renderKey{kind: lean}
+	if got := l.render(tmpl, key, time.Time{}, now); got != `'-infinity'::pg_catalog.timestamptz '2026-12-05 03:00:00+00'::pg_catalog.timestamptz` {
 		t.Errorf("without a time: %s", got)
 	}
-	if got := l.render(tmpl, key, now.Add(-50*time.Minute)); !strings.HasPrefix(got, `'2026-12-05 00:00:00+00'`) {
+	if got := l.render(tmpl, key, now.Add(-50*time.Minute), now); !strings.HasPrefix(got, `'2026-12-05 00:00:00+00'`) {
 		t.Errorf("sent 50 minutes ago: %s", got)
 	}
 	now = now.Add(time.Hour)
-	if got := l.render(tmpl, key, time.Time{}); !strings.HasSuffix(got, `'2026-12-05 04:00:00+00'::pg_catalog.timestamptz`) {
+	if got := l.render(tmpl, key, time.Time{}, now); !strings.HasSuffix(got, `'2026-12-05 04:00:00+00'::pg_catalog.timestamptz`) {
 		t.Errorf("an hour later: %s", got)
+	}
+	// A fresh claim's statement ends at the end of the client's current
+	// partition.
+	if got := l.render(lowerMark+" "+nextMark, renderKey{kind: fresh}, now.Add(-10*time.Minute), now); got != `'2026-12-05 02:00:00+00'::pg_catalog.timestamptz '2026-12-05 03:00:00+00'::pg_catalog.timestamptz` {
+		t.Errorf("fresh: %s", got)
 	}
 }

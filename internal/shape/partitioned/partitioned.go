@@ -88,10 +88,11 @@ type Shape struct {
 	claimWith  [4]string
 	claimBatch string // $1 consumer, $2 ids, $3 their keys, sorted by key
 	lookupSQL  string // $1 consumer, $2 id, $3 key: the newest row
-	// leanWith and boundWith are the claims of one ID that guess, by variant
-	// (bounded.go), or nil where the placement has claims of its own.
-	leanWith, boundWith *[4]string
-	boundBatch          string // the bounded claim of many IDs, or "" (bounded.go)
+	// freshWith, leanWith and boundWith are the claims of one ID that guess,
+	// by variant (bounded.go), or nil where the placement has claims of its
+	// own.
+	freshWith, leanWith, boundWith *[4]string
+	boundBatch                     string // the bounded claim of many IDs, or "" (bounded.go)
 	// runway is Config.Runway (AheadFor).
 	runway time.Duration
 	// span is the table's span, read when the Store first found the table
@@ -104,6 +105,9 @@ type Shape struct {
 	// counted is set when a claim of one ID returns the count of IDs it
 	// inserted as a row, instead of the rows it affected.
 	counted bool
+	// since is set when the placement's claims take the claim's time, last
+	// (Claims.Since).
+	since bool
 }
 
 // noStrayCopies: a duplicate must not leave a copy of its ID behind. One
@@ -203,10 +207,11 @@ SELECT $3::uuid, $1::text, $2::text, m.at, ` + exp + values + ` FROM m
 WHERE NOT (SELECT found FROM seen) AND (SELECT count(*) FROM older) = (SELECT count(*) FROM h)
 ON CONFLICT DO NOTHING`
 	}
-	l.leanWith, l.boundWith = boundedClaims(t, c.Meta, cols, m)
+	l.freshWith, l.leanWith, l.boundWith = boundedClaims(t, c.Meta, cols, m)
 	l.boundBatch = boundedBatch(t, c.Meta, cols, m)
 	if cl := c.Place.Claims(m, c.Meta); cl != nil {
-		l.claimWith, l.claimBatch, l.counted, l.leanWith, l.boundWith, l.boundBatch = cl.One, cl.Batch, true, nil, nil, ""
+		l.claimWith, l.claimBatch, l.counted, l.freshWith, l.leanWith, l.boundWith, l.boundBatch = cl.One, cl.Batch, true, nil, nil, nil, ""
+		l.since = cl.Since
 	}
 	return l
 }
@@ -238,6 +243,9 @@ func (l *Shape) ClaimOne(c shape.One) []shape.Statement {
 		return sts
 	}
 	sts := plain.ClaimOneWith(c, l.sql, l.claimWith)
+	if l.since {
+		sts[0].Args = append(sts[0].Args, sinceArg(c.Since))
+	}
 	if l.counted {
 		claimed := c.Claimed
 		sts[0].Affected = nil
@@ -271,7 +279,19 @@ func (l *Shape) ClaimMany(c shape.Many) []shape.Statement {
 	if sts := l.claimManyBounded(c); sts != nil {
 		return sts
 	}
-	return []shape.Statement{{SQL: l.claimBatch, Args: []any{c.Consumer, c.IDs, c.Keys}, Row: c.Fresh}}
+	args := []any{c.Consumer, c.IDs, c.Keys}
+	if l.since {
+		args = append(args, sinceArg(c.Since))
+	}
+	return []shape.Statement{{SQL: l.claimBatch, Args: args, Row: c.Fresh}}
+}
+
+// sinceArg is since as a claim's argument: NULL if zero.
+func sinceArg(since time.Time) any {
+	if since.IsZero() {
+		return nil
+	}
+	return since
 }
 
 // Transient explains a claim that finds no partition for its time, and

@@ -55,6 +55,9 @@ type Placement interface {
 type Claims struct {
 	One   [4]string
 	Batch string
+	// Since is set when each takes one more argument, last: the earliest
+	// time a claim of the IDs can have been made (shape.One.Since), or NULL.
+	Since bool
 }
 
 // OneServer is a partitioned table on one PostgreSQL server. It
