@@ -50,7 +50,9 @@ import (
 const (
 	lowerMark = "{{lower}}"
 	upperMark = "{{upper}}"
-	// nextMark is the end of the client's current partition.
+	// curMark and nextMark are the start and end of the client's current
+	// partition.
+	curMark  = "{{cur}}"
 	nextMark = "{{next}}"
 )
 
@@ -66,12 +68,13 @@ const (
 )
 
 // boundedClaims returns the templates of the claims of one ID, by variant
-// as claimWith: the lean ones first, then the bounded ones. Each answers one
-// row: how many rows its last insert took (0 or 1), and whether the guess
-// held. The lean claim guesses that no partition before the current one
-// waits to be sealed, which is so but for the moments after a switch. Then
-// it is one look-up in the sealed partitions within the bounds and one
-// insert. The bounded claim guesses only that the database's clock lies
+// as claimWith: the fresh ones, the lean ones, then the bounded ones. The
+// fresh ones answer the rows they inserted. The others answer one row: how
+// many rows their last insert took (0 or 1), and whether the guess held.
+// The lean claim guesses that the database's clock lies in the client's
+// current partition and no partition before it waits to be sealed, which
+// is so but for the moments after a switch. Then it is one look-up in the
+// sealed partitions within the bounds and one insert. The bounded claim guesses only that the database's clock lies
 // within the bounds, and hands over as the claim without bounds does.
 func boundedClaims(t, meta, cols string, m plain.Statements) (fresh, lean, bounded *[4]string) {
 	return freshClaims(t, cols, m), leanClaims(t, meta, cols, m), fullClaims(t, meta, cols, m)
@@ -107,22 +110,23 @@ func variantSQL(v int, cols string, m plain.Statements) (string, string, string)
 	return exp, cols, values
 }
 
-// leanClaims are the lean claims by variant. m holds the clock, read once,
-// and sealed. ok says that sealed is where the clock's partition starts,
-// within the bounds.
+// leanClaims are the lean claims by variant. m holds the clock, read once.
+// ok says that the clock's partition is the client's current one, and
+// sealed is where it starts. The look-up then covers the partitions from
+// the lower bound to the client's current one, both constants, so the
+// planner keeps only those.
 func leanClaims(t, meta, cols string, m plain.Statements) *[4]string {
 	var out [4]string
 	for v := range out {
 		exp, cols, values := variantSQL(v, cols, m)
 		out[v] = `WITH m AS MATERIALIZED (
-SELECT c.t, p.sealed, coalesce(p.sealed = pg_catalog.date_bin(p.span, c.t, ` + Origin + `) AND p.sealed >= ` + lowerMark +
-			` AND p.sealed < ` + upperMark + `, false) AS ok
+SELECT c.t, coalesce(p.sealed = pg_catalog.date_bin(p.span, c.t, ` + Origin + `) AND p.sealed = ` + curMark + `, false) AS ok
 FROM (SELECT pg_catalog.clock_timestamp() AS t) c LEFT JOIN ` + meta + ` p ON p.parent = '` + t + `'::pg_catalog.regclass),
 last AS (
 INSERT INTO ` + t + cols + `
 SELECT $3::uuid, $1::text, $2::text, m.t, ` + exp + values + ` FROM m WHERE m.ok
 AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
-AND x.processed_at < m.sealed AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + upperMark + `)
+AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + curMark + `)
 ON CONFLICT DO NOTHING RETURNING 1)
 SELECT (SELECT count(*) FROM last), (SELECT ok FROM m)`
 	}
@@ -259,7 +263,7 @@ func (l *Shape) render(tmpl string, key renderKey, since, now time.Time) string 
 		lower = timestampLiteral(key.lower)
 	}
 	s := strings.NewReplacer(lowerMark, lower, upperMark, timestampLiteral(upper),
-		nextMark, timestampLiteral(upper.Add(-l.span))).Replace(tmpl)
+		nextMark, timestampLiteral(upper.Add(-l.span)), curMark, timestampLiteral(upper.Add(-2*l.span))).Replace(tmpl)
 	r.sqls.Store(key, s)
 	return s
 }
