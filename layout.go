@@ -81,7 +81,11 @@ func (s *Store) layouts(ctx context.Context, query engine.QueryRow) (*layouts, e
 	ls := &layouts{Layouts: engine.Layouts{Messages: plain.New(s.env(), s.messages.sql), Offsets: plain.Placement(ms)}, plain: true, at: time.Now()}
 	switch {
 	case messagesOnCitus && isPartitioned:
-		ls.part = s.partitioned(citus.NewPartitioned(ms, s.partitionFunc))
+		var since bool
+		if err := query(ctx, citus.SinceQuery(s.partitionFunc), []any{s.messages.table}, &since); err != nil {
+			return nil, engine.FromDatabase(fmt.Errorf("pgdedup: look up the claim function of %s: %w", s.messages.table, withDetail(err)))
+		}
+		ls.part = s.partitioned(citus.NewPartitioned(ms, s.partitionFunc, since))
 	case messagesOnCitus:
 		ls.Messages, ls.plain = citus.NewPlain(s.env(), s.messages.sql), false
 	case isPartitioned:
@@ -111,7 +115,7 @@ func (s *Store) setupShape(ctx context.Context) (*partitioned.Shape, error) {
 		return nil, fmt.Errorf("pgdedup: setup %s: %w", s.messages.table, withDetail(err))
 	}
 	if citusInstalled {
-		return s.partitioned(citus.NewPartitioned(s.messages.lockTimeoutMS, s.partitionFunc)), nil
+		return s.partitioned(citus.NewPartitioned(s.messages.lockTimeoutMS, s.partitionFunc, false)), nil
 	}
 	return s.partitioned(partitioned.OneServer{Placement: plain.Placement(s.messages.lockTimeoutMS)}), nil
 }

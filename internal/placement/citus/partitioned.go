@@ -34,18 +34,40 @@ import (
 // a switch. Citus commits a transaction's shards before the coordinator
 // lets go of its locks. So a claim's rows are committed when sealing sees
 // its lock gone.
+//
+// With a time (shape.One.Since, its last argument), the function looks
+// and hands over only from the start of that time's partition, as the
+// bounded claims of one server do (docs/partitioning.md). When that is the
+// coordinator's current partition, it neither looks up nor hands over: the
+// claim is one routed INSERT. The function of the release before took no
+// time. It stays, as a wrapper that passes none, so that a Store of that
+// release keeps claiming during a rolling upgrade. A Store calls the
+// function with a time only where Setup made it (SinceQuery).
 
 // Partitioned is what the partitioned shape asks of a table Citus
 // distributes (partitioned.Placement).
 type Partitioned struct {
 	Placement
-	fn string // the quoted claim function
+	fn    string // the quoted claim function
+	since bool   // the function takes a time (SinceQuery)
 }
 
 // NewPartitioned returns the Citus placement of a partitioned table whose
-// claim function is fn (ClaimFunc).
-func NewPartitioned(lockTimeoutMS int64, fn string) Partitioned {
-	return Partitioned{Placement: Placement(lockTimeoutMS), fn: fn}
+// claim function is fn (ClaimFunc). With since, claims pass their time.
+func NewPartitioned(lockTimeoutMS int64, fn string, since bool) Partitioned {
+	return Partitioned{Placement: Placement(lockTimeoutMS), fn: fn, since: since}
+}
+
+// sinceArgs are the argument types of the claim function that takes a
+// time. The one before took all but the last.
+const sinceArgs = `(pg_catalog.regclass, pg_catalog.regclass, pg_catalog.text, pg_catalog.text[], pg_catalog.uuid[], pg_catalog.timestamptz, pg_catalog.bytea, pg_catalog.timestamptz)`
+
+// SinceQuery reports ($1 the quoted table) whether the claim function fn
+// that takes a time exists, owned by a role pgdedup trusts. Setup makes
+// it. A Store of this release before that Setup claims without a time.
+func SinceQuery(fn string) string {
+	return `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = pg_catalog.to_regprocedure(` +
+		shape.QuoteLiteral(fn+sinceArgs) + `) AND ` + partitioned.TrustedSQL("p.proowner", "pg_catalog.to_regclass($1)") + `)`
 }
 
 // ClaimFunc returns the quoted name of the claim function beside table.
@@ -58,11 +80,15 @@ func ClaimFunc(table pgx.Identifier) string {
 
 // Claims call the claim function.
 func (p Partitioned) Claims(m plain.Statements, meta string) *partitioned.Claims {
-	call := func(ids, keys, exp, fp string) string {
+	call := func(ids, keys, exp, fp string, n int) string {
+		since := ""
+		if p.since {
+			since = fmt.Sprintf(", $%d::pg_catalog.timestamptz", n)
+		}
 		return `SELECT ` + p.fn + `('` + m.Table + `'::pg_catalog.regclass, '` + meta + `'::pg_catalog.regclass, $1::text, ` +
-			ids + `, ` + keys + `, ` + exp + `, ` + fp + `)`
+			ids + `, ` + keys + `, ` + exp + `, ` + fp + since + `)`
 	}
-	var c partitioned.Claims
+	c := partitioned.Claims{Since: p.since}
 	for v := range c.One {
 		exp, fp, n := m.Expires, "NULL", 4
 		if v&plain.ClaimRetention != 0 {
@@ -71,10 +97,11 @@ func (p Partitioned) Claims(m plain.Statements, meta string) *partitioned.Claims
 		}
 		if v&plain.ClaimFingerprint != 0 {
 			fp = fmt.Sprintf("$%d::bytea", n)
+			n++
 		}
-		c.One[v] = `SELECT count(*) FROM (` + call(`ARRAY[$2::text]`, `ARRAY[$3::uuid]`, exp, fp) + `) f`
+		c.One[v] = `SELECT count(*) FROM (` + call(`ARRAY[$2::text]`, `ARRAY[$3::uuid]`, exp, fp, n) + `) f`
 	}
-	c.Batch = call(`$2::text[]`, `$3::uuid[]`, m.Expires, "NULL")
+	c.Batch = call(`$2::text[]`, `$3::uuid[]`, m.Expires, "NULL", 4)
 	return &c
 }
 
@@ -169,29 +196,57 @@ func (p Partitioned) CreateClaims(ctx context.Context, db shape.DB, table string
 	return shape.Exec(ctx, db, funcSQL(p.fn, table))
 }
 
-// funcSQL creates the claim function fn for table (quoted), in one
-// transaction with the checks of funcCheckSQL. A function of that name
-// that another role made is refused. pgdedup's own is kept if it is this
-// release's, and dropped and created again if not. The function returns
+// funcSQL creates the claim functions fn for table (quoted), in one
+// transaction with the checks of funcCheckSQL: the one that takes a time,
+// and the one without, which calls it. A function of that name that
+// another role made is refused. pgdedup's own is kept if it is this
+// release's, and dropped and created again if not. The functions return
 // the IDs among ids that were not claimed before (keys are their keys).
 func funcSQL(fn, table string) string {
 	body := funcBody()
-	create := `CREATE FUNCTION ` + fn + `(t pg_catalog.regclass, meta pg_catalog.regclass, c pg_catalog.text,
-    ids pg_catalog.text[], keys pg_catalog.uuid[], exp pg_catalog.timestamptz, fp pg_catalog.bytea)
+	args := `t pg_catalog.regclass, meta pg_catalog.regclass, c pg_catalog.text,
+    ids pg_catalog.text[], keys pg_catalog.uuid[], exp pg_catalog.timestamptz, fp pg_catalog.bytea`
+	create := `CREATE FUNCTION ` + fn + `(` + args + `, since pg_catalog.timestamptz)
 RETURNS SETOF pg_catalog.text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS ` + dollarQuote(body)
+	createWrap := `CREATE FUNCTION ` + fn + `(` + args + `)
+RETURNS SETOF pg_catalog.text
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS `
 	return `DO $pgdedup$
 DECLARE
-    r    record;
-    keep pg_catalog.bool := false;
+    r        record;
+    keep     pg_catalog.bool := false;
+    keepWrap pg_catalog.bool := false;
+    nsp      pg_catalog.text := ` + funcSchema(fn) + `;
 BEGIN
 ` + funcCheckSQL(fn, `'`+table+`'::pg_catalog.regclass::pg_catalog.oid`, body) + `    IF NOT keep THEN
         EXECUTE ` + dollarQuote(create) + `;
     END IF;
+    IF NOT keepWrap THEN
+        EXECUTE ` + dollarQuote(createWrap) + ` OPERATOR(pg_catalog.||) pg_catalog.quote_literal(` + wrapBody("nsp") + `);
+    END IF;
 END
 $pgdedup$`
+}
+
+// wrapBody is SQL for the body of the claim function without a time in
+// the schema nsp (an expression): it calls the one with a time, passing
+// none.
+func wrapBody(nsp string) string {
+	return `pg_catalog.format('SELECT * FROM %I.pgdedup_partitioned_claim(t, meta, c, ids, keys, exp, fp, NULL::pg_catalog.timestamptz)', ` + nsp + `)`
+}
+
+// funcSchema is SQL for the schema the claim function fn is made in: its
+// own, or the current schema.
+func funcSchema(fn string) string {
+	if id := strings.SplitN(fn, ".", 2); len(id) == 2 {
+		return shape.QuoteLiteral(strings.ReplaceAll(strings.Trim(id[0], `"`), `""`, `"`))
+	}
+	return `pg_catalog.current_schema()`
 }
 
 // funcBody is the body of the Citus claim function.
@@ -206,8 +261,9 @@ DECLARE
     n      bigint;
     i      int;
     ok     boolean;
-    seen   uuid[];
+    seen   uuid[] := '{}';
     vals   text;
+    lower  timestamptz; -- where a claim of the IDs can start, or NULL: anywhere
 BEGIN
     PERFORM lock_relation_if_exists(t::text, 'ROW EXCLUSIVE');
     EXECUTE format('SELECT span, sealed FROM %s WHERE parent = $1', meta) INTO span, sealed USING t;
@@ -216,14 +272,20 @@ BEGIN
         at := NULL; -- no partition for it: the insert fails and says so
     ELSE
         lo := date_bin(span, at, ` + partitioned.Origin + `);
+        IF since IS NOT NULL THEN
+            lower := LEAST(date_bin(span, since, ` + partitioned.Origin + `), lo);
+        END IF;
     END IF;
-    -- A batch with no unsealed partition before the current one (all but
-    -- just after a switch): one look-up, one multi-row insert, which Citus
-    -- routes row by row, shard after shard.
-    IF array_length(ids, 1) > 1 AND at IS NOT NULL AND sealed >= lo THEN
-        EXECUTE format('SELECT coalesce(array_agg(key), ''{}'') FROM %s
-            WHERE key = ANY ($1) AND consumer = $2 AND message_id = ANY ($3) AND processed_at < $4', t)
-            INTO seen USING keys, c, ids, sealed;
+    -- A batch with no unsealed partition before the current one within
+    -- its bounds (all but just after a switch): at most one look-up, and
+    -- one multi-row insert, which Citus routes row by row, shard after
+    -- shard.
+    IF array_length(ids, 1) > 1 AND at IS NOT NULL AND (sealed >= lo OR lower >= lo) THEN
+        IF lower IS NULL OR lower < sealed THEN
+            EXECUTE format('SELECT coalesce(array_agg(key), ''{}'') FROM %s
+                WHERE key = ANY ($1) AND consumer = $2 AND message_id = ANY ($3) AND processed_at < $4 AND processed_at >= $5', t)
+                INTO seen USING keys, c, ids, sealed, coalesce(lower, '-infinity');
+        END IF;
         SELECT string_agg(format('(%L::uuid, %L, %L, %L::timestamptz, %L::timestamptz, %L::bytea)', u.k, c, u.id, at, exp, fp), ', ' ORDER BY u.n)
             INTO vals FROM unnest(keys, ids) WITH ORDINALITY AS u(k, id, n) WHERE u.k <> ALL (seen);
         IF vals IS NOT NULL THEN
@@ -233,11 +295,16 @@ BEGIN
         RETURN;
     END IF;
     FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE key = $1 AND consumer = $2 AND message_id = $3 AND processed_at < $4)', t)
-            INTO ok USING keys[i], c, ids[i], sealed;
-        ok := NOT ok;
+        -- A fresh claim (lower is the current partition) looks nowhere.
+        ok := true;
+        IF lower IS NULL OR lower < sealed THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE key = $1 AND consumer = $2 AND message_id = $3
+                AND processed_at < $4 AND processed_at >= $5)', t)
+                INTO ok USING keys[i], c, ids[i], sealed, coalesce(lower, '-infinity');
+            ok := NOT ok;
+        END IF;
         IF ok AND at IS NOT NULL THEN
-            FOR g IN SELECT s FROM generate_series(sealed, lo - span, span) s LOOP
+            FOR g IN SELECT s FROM generate_series(GREATEST(sealed, lower), lo - span, span) s LOOP
                 EXECUTE format('INSERT INTO %s (key, consumer, message_id, processed_at, expires_at, fingerprint)
                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING', t) USING keys[i], c, ids[i], g, exp, fp;
                 GET DIAGNOSTICS n = ROW_COUNT;
@@ -259,23 +326,26 @@ END
 }
 
 // funcCheckSQL is PL/pgSQL that refuses any function named like the claim
-// function (fn, quoted) in the schemas a call of fn looks in, if its owner
+// functions (fn, quoted) in the schemas a call of fn looks in, if its owner
 // is not trusted. Such an overload would be called instead of pgdedup's.
-// It drops pgdedup's own if its body is not body (an older release's), and
-// sets keep if it is.
+// It drops pgdedup's own if its body is not this release's (body for the
+// one with a time, wrapBody for the one without). If it is, and the
+// function is in nsp, it sets keep or keepWrap.
 func funcCheckSQL(fn, t, body string) string {
 	schemas := `pg_catalog.current_schemas(false)`
 	if id := strings.SplitN(fn, ".", 2); len(id) == 2 {
 		schemas = `ARRAY[` + shape.QuoteLiteral(strings.ReplaceAll(strings.Trim(id[0], `"`), `""`, `"`)) + `]::pg_catalog.name[]`
 	}
-	return `    FOR r IN SELECT p.oid, p.proowner, p.prosrc, n.nspname, pg_catalog.pg_get_userbyid(p.proowner) AS owner,
+	return `    FOR r IN SELECT p.oid, p.proowner, p.prosrc, p.pronargs, n.nspname, pg_catalog.pg_get_userbyid(p.proowner) AS owner,
              pg_catalog.pg_get_function_identity_arguments(p.oid) AS args
              FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
              WHERE p.proname OPERATOR(pg_catalog.=) 'pgdedup_partitioned_claim' AND n.nspname OPERATOR(pg_catalog.=) ANY (` + schemas + `) LOOP
         IF NOT ` + partitioned.TrustedSQL("r.proowner", t) + ` THEN
             ` + partitioned.RefusedSQL(`function %I.pgdedup_partitioned_claim(%s) exists, owned by role %I, which does not own the dedup table`, `r.nspname, r.args, r.owner`) + `
-        ELSIF r.prosrc OPERATOR(pg_catalog.=) ` + dollarQuote(body) + ` THEN
-            keep := true;
+        ELSIF r.pronargs OPERATOR(pg_catalog.=) 8 AND r.prosrc OPERATOR(pg_catalog.=) ` + dollarQuote(body) + ` THEN
+            keep := keep OR r.nspname OPERATOR(pg_catalog.=) nsp;
+        ELSIF r.pronargs OPERATOR(pg_catalog.=) 7 AND r.prosrc OPERATOR(pg_catalog.=) ` + wrapBody("r.nspname") + ` THEN
+            keepWrap := keepWrap OR r.nspname OPERATOR(pg_catalog.=) nsp;
         ELSE
             EXECUTE pg_catalog.format('DROP FUNCTION %s', r.oid::pg_catalog.regprocedure);
         END IF;
