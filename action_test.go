@@ -407,7 +407,11 @@ func actionCases() map[string]func(t *testing.T) error {
 			defer holder.Rollback(ctx)
 			mustExec(t, holder, `SELECT FROM charges WHERE id = 1 FOR UPDATE`)
 			_, err = b.store.Process(ctx, "m1", func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '100ms'; UPDATE charges SET order_id = 'o2' WHERE id = 1`)
+				// On Citus the worker that holds the row waits, and only a
+				// propagated SET LOCAL bounds it there (plain PostgreSQL
+				// takes citus.propagate_set_commands as a placeholder).
+				_, err := tx.Exec(ctx, `SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '100ms';
+UPDATE charges SET order_id = 'o2' WHERE id = 1`)
 				return err
 			})
 			return err
