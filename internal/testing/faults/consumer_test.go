@@ -17,11 +17,12 @@ import (
 
 // The environment of a consumer process, set by the crash scenario.
 const (
-	envRecipe = "PGDEDUP_FAULTS_RECIPE" // recipePgdedup, recipeMarkFirst or recipeMarkAfter
-	envURL    = "PGDEDUP_FAULTS_URL"    // database, search_path included
-	envRedis  = "PGDEDUP_FAULTS_REDIS"  // Redis host:port
-	envPrefix = "PGDEDUP_FAULTS_PREFIX" // Redis key prefix
-	envCrash  = "PGDEDUP_FAULTS_CRASH"  // probability that a delivery crashes
+	envRecipe = "PGDEDUP_FAULTS_RECIPE"  // recipePgdedup, recipeMarkFirst or recipeMarkAfter
+	envURL    = "PGDEDUP_FAULTS_URL"     // database, search_path included
+	envRedis  = "PGDEDUP_FAULTS_REDIS"   // Redis host:port
+	envPrefix = "PGDEDUP_FAULTS_PREFIX"  // Redis key prefix
+	envCrash  = "PGDEDUP_FAULTS_CRASH"   // probability that a delivery crashes
+	envSentAt = "PGDEDUP_FAULTS_SENT_AT" // when the messages were sent (RFC 3339)
 )
 
 // The recipes the crash scenario compares.
@@ -52,7 +53,7 @@ type consumer struct {
 	pool   *pgxpool.Pool
 	ledger *Ledger
 	store  *pgdedup.Store
-	sent   time.Time // this delivery's message's time, passed with WithSentAt
+	sent   time.Time // the messages' time, passed with WithSentAt
 	redis  *RESP
 	prefix string
 	crashP float64
@@ -86,6 +87,10 @@ func runConsumer(recipe string) int {
 		return 2
 	}
 	if recipe == recipePgdedup {
+		if c.sent, err = time.Parse(time.RFC3339Nano, os.Getenv(envSentAt)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
 		if c.store, err = pgdedup.New(pool, pgdedup.Config{Consumer: crashConsumer, Retention: time.Hour, SentAtMargin: sentAtMargin}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
@@ -100,7 +105,7 @@ func runConsumer(recipe string) int {
 		if os.Getppid() != parent {
 			return 3 // orphaned: the test is gone, do not outlive it
 		}
-		msgs, err := q.Receive(ctx, 1)
+		ids, err := q.Receive(ctx, 1)
 		if err != nil {
 			fmt.Println("ERROR", err)
 			if failingSince.IsZero() {
@@ -112,15 +117,15 @@ func runConsumer(recipe string) int {
 			continue
 		}
 		failingSince = time.Time{}
-		if len(msgs) == 0 {
+		if len(ids) == 0 {
 			if n, err := q.Len(ctx); err == nil && n == 0 {
 				return 0
 			}
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
-		id := msgs[0].ID
-		c.sent, c.point = msgs[0].Sent, -1
+		id := ids[0]
+		c.point = -1
 		if rand.Float64() < c.crashP {
 			c.point = rand.IntN(len(crashPoints))
 		}

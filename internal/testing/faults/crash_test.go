@@ -69,8 +69,9 @@ func testCrashes(t *testing.T, recipe, layout string) {
 	if err := q.Enqueue(ctx, ids); err != nil {
 		t.Fatal(err)
 	}
-	sent := time.Now() // before every message's time (Queue)
-	env := append(os.Environ(), envRecipe+"="+recipe, envURL+"="+db.URL, envCrash+"="+strconv.FormatFloat(crashP, 'f', -1, 64))
+	sent := time.Now()
+	env := append(os.Environ(), envRecipe+"="+recipe, envURL+"="+db.URL, envCrash+"="+strconv.FormatFloat(crashP, 'f', -1, 64),
+		envSentAt+"="+sent.Format(time.RFC3339Nano))
 	var cleaner *CleanerLoad
 	if recipe == recipePgdedup {
 		cleaner = StartCleanerLoad(t, db.Pool, layout)

@@ -31,8 +31,7 @@ func NewQueue(ctx context.Context, db pgtest.Querier, name string, visibility ti
 	id         text PRIMARY KEY,
 	visible_at timestamptz NOT NULL DEFAULT clock_timestamp(),
 	deliveries int NOT NULL DEFAULT 0,
-	acked      bool NOT NULL DEFAULT false,
-	sent_at    timestamptz)`)
+	acked      bool NOT NULL DEFAULT false)`)
 	if err == nil {
 		_, err = db.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+pgx.Identifier{name + "_visible"}.Sanitize()+
 			` ON `+q.table+` (visible_at, id) WHERE NOT acked`)
@@ -57,31 +56,22 @@ func (q *Queue) Enqueue(ctx context.Context, ids []string) error {
 	return nil
 }
 
-// Message is a message received from a Queue.
-type Message struct {
-	ID string
-	// Sent is when it was first received, on the database's clock: the
-	// time a consumer passes to pgdedup.WithSentAt.
-	Sent time.Time
-}
-
 // Receive takes up to max visible messages, oldest first, and hides them for
 // the visibility timeout. It returns none when no message is visible right now.
-func (q *Queue) Receive(ctx context.Context, max int) ([]Message, error) {
+func (q *Queue) Receive(ctx context.Context, max int) ([]string, error) {
 	rows, err := q.db.Query(ctx, `UPDATE `+q.table+`
-SET visible_at = clock_timestamp() + $1 * interval '1 microsecond', deliveries = deliveries + 1,
-    sent_at = coalesce(sent_at, clock_timestamp())
+SET visible_at = clock_timestamp() + $1 * interval '1 microsecond', deliveries = deliveries + 1
 WHERE id IN (SELECT id FROM `+q.table+` WHERE NOT acked AND visible_at <= clock_timestamp()
              ORDER BY visible_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)
-RETURNING id, sent_at`, q.visibility.Microseconds(), max)
+RETURNING id`, q.visibility.Microseconds(), max)
 	if err != nil {
 		return nil, fmt.Errorf("faults: receive: %w", err)
 	}
-	msgs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Message])
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("faults: receive: %w", err)
 	}
-	return msgs, nil
+	return ids, nil
 }
 
 // Ack marks a message done: it will not be delivered again.

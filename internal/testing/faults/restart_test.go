@@ -72,7 +72,7 @@ func testPostgresRestart(t *testing.T, layout string) {
 	}
 	cleaner := StartCleanerLoad(t, pool, layout)
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "restart", SentAtMargin: sentAtMargin})
-	sent := time.Now() // before every message's time (Queue)
+	sent := time.Now() // the messages were enqueued just before
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func testPostgresRestart(t *testing.T, layout string) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range workers {
-		wg.Go(func() { consumeUntilEmpty(ctx, q, store, ledger, stop, &acked, &processErrs, &queueErrs) })
+		wg.Go(func() { consumeUntilEmpty(ctx, q, store, ledger, sent, stop, &acked, &processErrs, &queueErrs) })
 	}
 	start := time.Now()
 	var restartedAt time.Time
@@ -146,7 +146,7 @@ func testPostgresRestart(t *testing.T, layout string) {
 // consumeUntilEmpty is one consumer: it receives up to 10 messages at a time,
 // processes each and acks it only when Process succeeded; a failed message
 // stays in the queue and comes back after the visibility timeout.
-func consumeUntilEmpty(ctx context.Context, q *Queue, store *pgdedup.Store, ledger *Ledger, stop <-chan struct{}, acked, processErrs, queueErrs *atomic.Int64) {
+func consumeUntilEmpty(ctx context.Context, q *Queue, store *pgdedup.Store, ledger *Ledger, sent time.Time, stop <-chan struct{}, acked, processErrs, queueErrs *atomic.Int64) {
 	pause := func() {
 		select {
 		case <-stop:
@@ -172,11 +172,10 @@ func consumeUntilEmpty(ctx context.Context, q *Queue, store *pgdedup.Store, ledg
 			pause()
 			continue
 		}
-		for _, m := range batch {
-			id := m.ID
+		for _, id := range batch {
 			_, err := store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
 				return ledger.Write(ctx, tx, id)
-			}, pgdedup.WithSentAt(m.Sent))
+			}, pgdedup.WithSentAt(sent))
 			if err != nil {
 				processErrs.Add(1)
 				continue
