@@ -95,6 +95,7 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 	ids := messageIDs("ambiguous", n)
 	work := make(chan []string)
 	var processed, allDuplicate, failed atomic.Int64
+	var firstErrs errLog
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range workers {
@@ -105,6 +106,7 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 					fresh, err := deliver(ctx, store, ledger, chunk, sent)
 					if err != nil {
 						failed.Add(1)
+						firstErrs.add(err)
 						continue
 					}
 					processed.Add(int64(fresh))
@@ -123,6 +125,7 @@ func testAmbiguousCommit(t *testing.T, layout string, n, batch int, deliver deli
 	wg.Wait()
 	elapsed := time.Since(start)
 
+	firstErrs.log(t)
 	tally, err := ledger.Tally(ctx, db.Pool, ids)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,5 +90,30 @@ func assertStillDuplicates(t *testing.T, pool *pgxpool.Pool, consumer string, id
 		if claimed, err := store.Claim(ctx, tx, ids[i], pgdedup.WithSentAt(sent)); err != nil || claimed {
 			t.Fatalf("a redelivery of %q with its time: claimed=%v err=%v, want a duplicate", ids[i], claimed, err)
 		}
+	}
+}
+
+// errLog keeps the first errors a scenario's deliveries returned, so that a
+// scenario which ran out of time says what its deliveries met.
+type errLog struct {
+	mu    sync.Mutex
+	n     int
+	first []string
+}
+
+func (l *errLog) add(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	if len(l.first) < 5 {
+		l.first = append(l.first, time.Now().Format("15:04:05.000")+" "+err.Error())
+	}
+}
+
+func (l *errLog) log(t *testing.T) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n > 0 {
+		t.Logf("%d deliveries returned an error; the first: %q", l.n, l.first)
 	}
 }
