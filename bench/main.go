@@ -115,6 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.growth.keep, "growth-keep", false, "growth: keep the big tables (schema pgdedup_growth_v<version>_<rows>) and reuse them next time")
 	fs.StringVar(&c.steady.layout, "layout", "plain", "steady: the table layout, plain or partitioned")
 	fs.IntVar(&c.steady.partitions, "partitions", 0, "steady, -layout partitioned: partitions per Retention (Config.Partitions; 0: the library's default)")
+	fs.BoolVar(&c.steady.sentAt, "steady-sent-at", false, "steady: every claim passes its message's first-sent time (WithSentAt), with SentAtMargin = Retention ÷ 48 (the default hour at 48 h)")
 	fs.IntVar(&c.steady.rate, "steady-rate", 800, "steady: new messages per second")
 	fs.DurationVar(&c.steady.cycle, "steady-cycle", 30*time.Second, "steady: the checkpoint cycle (checkpoint_timeout; under 30s the bench issues CHECKPOINT)")
 	fs.IntVar(&c.steady.ratio, "steady-ratio", 192, "steady: R, Retention = R × cycle (192: 48 h with 15 min checkpoints)")

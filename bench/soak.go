@@ -32,6 +32,10 @@ type soakConfig struct {
 	cleanEach   time.Duration // RunCleaner's interval
 	sampleEvery time.Duration
 	workers     int
+	// sentAt makes every Process call pass the message's first-sent time
+	// (pgdedup.WithSentAt): when a new message was queued, and a
+	// redelivery's original time.
+	sentAt      bool
 	naptime     time.Duration // autovacuum_naptime of the cluster
 	// tableAutovacuum holds the autovacuum_* storage parameters set on
 	// processed_messages ("name=value"), empty for the server's defaults.
@@ -255,8 +259,9 @@ type soakLoad struct {
 	store *pgdedup.Store
 	start time.Time
 	// preloaded, when set, gives every other redelivery: an ID loaded into
-	// the table before the run and not near its expiry (the steady part).
-	preloaded func() (string, bool)
+	// the table before the run and not near its expiry (the steady part),
+	// and the time it was claimed at.
+	preloaded func() (string, time.Time, bool)
 
 	sent, dupsSent, processed, dupped, errors atomic.Int64
 
@@ -270,8 +275,9 @@ type soakLoad struct {
 }
 
 type doneMsg struct {
-	id string
-	at time.Time
+	id   string
+	at   time.Time // when it was processed
+	sent time.Time // when it was first sent
 }
 
 // run sends until sendCtx is done, then waits for the messages sent to be
@@ -281,13 +287,14 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 		id     string
 		dup    bool
 		queued time.Time
+		sent   time.Time // first sent: queued, or a redelivery's original
 	}
 	queue := make(chan msg, l.cfg.rate) // a second of backlog at most
 	var wg sync.WaitGroup
 	for range l.cfg.workers {
 		wg.Go(func() {
 			for m := range queue {
-				l.deliver(ctx, m.id, m.dup, m.queued)
+				l.deliver(ctx, m.id, m.dup, m.queued, m.sent)
 			}
 		})
 	}
@@ -309,21 +316,22 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 		elapsed := time.Since(l.start).Seconds()
 		for ; n < elapsed*float64(l.cfg.rate); n++ {
 			seq++
+			now := time.Now()
 			select {
-			case queue <- msg{id: fmt.Sprintf("soak-%09d-%08x", seq, rand.Uint32()), queued: time.Now()}:
+			case queue <- msg{id: fmt.Sprintf("soak-%09d-%08x", seq, rand.Uint32()), queued: now, sent: now}:
 				l.sent.Add(1)
 			case <-sendCtx.Done():
 				return
 			}
 		}
 		for ; dups < elapsed*float64(l.cfg.rate)*l.cfg.dupShare; dups++ {
-			id, ok := l.redeliverable()
+			id, sent, ok := l.redeliverable()
 			if l.preloaded != nil && (int(dups)%2 == 1 || !ok) {
-				id, ok = l.preloaded()
+				id, sent, ok = l.preloaded()
 			}
 			if ok {
 				select {
-				case queue <- msg{id: id, dup: true, queued: time.Now()}:
+				case queue <- msg{id: id, dup: true, queued: time.Now(), sent: sent}:
 					l.dupsSent.Add(1)
 				case <-sendCtx.Done():
 					return
@@ -335,13 +343,18 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 
 // deliver runs Process on one message. A redelivery must come back as a
 // duplicate; a new message is processed and remembered for redelivery.
-// queued is when the message was put in the workers' queue.
-func (l *soakLoad) deliver(ctx context.Context, id string, dup bool, queued time.Time) {
+// queued is when the message was put in the workers' queue, sent when it
+// was first sent.
+func (l *soakLoad) deliver(ctx context.Context, id string, dup bool, queued, sent time.Time) {
+	var opts []pgdedup.Option
+	if l.cfg.sentAt {
+		opts = append(opts, pgdedup.WithSentAt(sent))
+	}
 	t0 := time.Now()
 	processed, err := l.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
 		return err
-	})
+	}, opts...)
 	d, fromQueued := time.Since(t0), time.Since(queued)
 	if err != nil {
 		l.errors.Add(1)
@@ -355,14 +368,15 @@ func (l *soakLoad) deliver(ctx context.Context, id string, dup bool, queued time
 	switch {
 	case processed:
 		l.processed.Add(1)
-		l.done = append(l.done, doneMsg{id, time.Now()})
+		l.done = append(l.done, doneMsg{id, time.Now(), sent})
 	case dup:
 		l.dupped.Add(1)
 	}
 }
 
-// redeliverable picks a message processed between 1 s and Retention/2 ago.
-func (l *soakLoad) redeliverable() (string, bool) {
+// redeliverable picks a message processed between 1 s and Retention/2 ago,
+// and gives the time it was first sent.
+func (l *soakLoad) redeliverable() (string, time.Time, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
@@ -371,9 +385,10 @@ func (l *soakLoad) redeliverable() (string, bool) {
 	lo, _ := slices.BinarySearchFunc(l.done, oldest, func(m doneMsg, t time.Time) int { return m.at.Compare(t) })
 	hi, _ := slices.BinarySearchFunc(l.done, newest, func(m doneMsg, t time.Time) int { return m.at.Compare(t) })
 	if hi <= lo {
-		return "", false
+		return "", time.Time{}, false
 	}
-	return l.done[lo+rand.N(hi-lo)].id, true
+	m := l.done[lo+rand.N(hi-lo)]
+	return m.id, m.sent, true
 }
 
 // latenciesSince returns the latencies recorded from index i on, and the

@@ -22,6 +22,7 @@ import (
 type steadyConfig struct {
 	layout        string        // plain or partitioned
 	partitions    int           // Config.Partitions for partitioned (0: the library's default)
+	sentAt        bool          // every claim passes its first-sent time (WithSentAt), with SentAtMargin sentAtMargin()
 	rate          int           // new messages per second
 	cycle         time.Duration // the checkpoint cycle (checkpoint_timeout)
 	ratio         int           // Retention = ratio × cycle
@@ -41,6 +42,11 @@ type steadyConfig struct {
 
 // retention is Config.Retention: ratio × cycle.
 func (c steadyConfig) retention() time.Duration { return time.Duration(c.ratio) * c.cycle }
+
+// sentAtMargin is the Stores' SentAtMargin with -steady-sent-at: the
+// library's default (an hour) at the default Retention (48 h), compressed
+// like the Retention: Retention ÷ 48.
+func (c steadyConfig) sentAtMargin() time.Duration { return c.retention() / 48 }
 
 // rows is what the full table holds: rate × Retention.
 func (c steadyConfig) rows() int { return int(float64(c.rate) * c.retention().Seconds()) }
@@ -317,7 +323,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 	r.loadTook = time.Since(t0)
 
 	t.store, err = pgdedup.New(pool, pgdedup.Config{Consumer: consumer, Retention: cfg.retention(),
-		Layout: cfg.pgLayout(), Partitions: cfg.partitions,
+		Layout: cfg.pgLayout(), Partitions: cfg.partitions, SentAtMargin: cfg.sentAtMargin(),
 		OnEvent: func(_ context.Context, e pgdedup.Event) {
 			if e.Kind == pgdedup.EventRetry {
 				t.retries.Add(1)
@@ -354,10 +360,10 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 		}()
 	}
 
-	l := &soakLoad{cfg: soakConfig{rate: cfg.rate, dupShare: cfg.dupShare, retention: cfg.retention(), workers: cfg.workers},
+	l := &soakLoad{cfg: soakConfig{rate: cfg.rate, dupShare: cfg.dupShare, retention: cfg.retention(), workers: cfg.workers, sentAt: cfg.sentAt},
 		store: t.store, start: time.Now()}
 	if rows > 0 {
-		l.preloaded = func() (string, bool) { return preloadedID(rows, t0, cfg.retention()) }
+		l.preloaded = func() (string, time.Time, bool) { return preloadedID(rows, t0, cfg.retention()) }
 	}
 	sendCtx, stopSending := context.WithCancel(ctx)
 	defer stopSending()
@@ -447,10 +453,14 @@ func steadyThroughput(ctx context.Context, cfg steadyConfig, tables []*steadyTab
 			t := tables[(i+j)%len(tables)]
 			s, err := measure(ctx, cfg.tputWorkers, round, nil, func(ctx context.Context, _ int) error {
 				id := fmt.Sprintf("tput-%09d-%08x", t.tputSeq.Add(1), rand.Uint32())
+				var opts []pgdedup.Option
+				if cfg.sentAt {
+					opts = append(opts, pgdedup.WithSentAt(time.Now()))
+				}
 				processed, err := t.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
 					return err
-				})
+				}, opts...)
 				if err == nil && !processed {
 					err = errSeenAsDuplicate
 				}
@@ -513,14 +523,21 @@ FROM (SELECT 'pre-' || g AS id, $3::timestamptz + g * $4::float8 * interval '1 s
 }
 
 // preloadedID picks a preloaded ID that expires between a quarter and all
-// of the Retention from now: still a duplicate when redelivered.
-func preloadedID(rows int, t0 time.Time, retention time.Duration) (string, bool) {
+// of the Retention from now: still a duplicate when redelivered. It gives
+// the time the preload claimed it at (its processed_at), as its first-sent
+// time.
+func preloadedID(rows int, t0 time.Time, retention time.Duration) (string, time.Time, bool) {
 	elapsed := time.Since(t0).Seconds() / retention.Seconds() // share of the rows expired by now
 	lo := int(float64(rows)*(elapsed+0.25)) + 1
 	if lo > rows {
-		return "", false
+		return "", time.Time{}, false
 	}
-	return fmt.Sprintf("pre-%d", lo+rand.N(rows-lo+1)), true
+	g := lo + rand.N(rows-lo+1)
+	// preloadPlain and the partitioned preload: expires_at = t0 + g × step,
+	// processed_at = expires_at − Retention.
+	step := retention.Seconds() / float64(rows)
+	claimed := t0.Add(time.Duration(float64(g)*step*float64(time.Second)) - retention)
+	return fmt.Sprintf("pre-%d", g), claimed, true
 }
 
 // steadySnap is the cluster's and the table's state at one moment.

@@ -37,6 +37,11 @@ func (r steadyResult) markdown() string {
 			"kept by `RunCleaner`; the partitions get the server's autovacuum settings (PostgreSQL takes no storage parameters "+
 			"on a partitioned table)\n", n, c.retention()/time.Duration(n))
 	}
+	if c.sentAt {
+		p("- Claims pass a time: each `Process` call passes its message's first-sent time (`WithSentAt`: when it was queued, "+
+			"a redelivery its original's, a preloaded ID the time it was claimed at), `SentAtMargin` %s "+
+			"(the default hour at the default 48 h Retention, compressed like the Retention)\n", c.sentAtMargin())
+	}
 	p("- Load: `Store.Process` with one business row at %d new messages/s plus %.0f%% redeliveries "+
 		"(half of recent messages, half of preloaded IDs), %d workers on a pool of %d connections; `RunCleaner` every %s; "+
 		"autovacuum on, `autovacuum_naptime` %s (production's 1 min, compressed like the cycle), scale factors 0.01 on the plain table\n",

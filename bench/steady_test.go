@@ -108,19 +108,26 @@ FROM processed_messages WHERE message_id LIKE 'pre-%'`).Scan(&n, &first, &last, 
 		t.Fatal(err)
 	}
 	for range 20 {
-		id, ok := preloadedID(rows, t0, retention)
+		id, sent, ok := preloadedID(rows, t0, retention)
 		if !ok || !strings.HasPrefix(id, "pre-") {
 			t.Fatalf("preloadedID: %q, %v", id, ok)
 		}
+		var claimed time.Time
+		if err := b.admin.QueryRow(ctx, `SELECT processed_at FROM processed_messages WHERE message_id = $1`, id).Scan(&claimed); err != nil {
+			t.Fatal(err)
+		}
+		if d := sent.Sub(claimed); d < -time.Millisecond || d > time.Millisecond {
+			t.Errorf("preloadedID(%s): sent at %s; the preload claimed it at %s", id, sent, claimed)
+		}
 		processed, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error {
 			return fmt.Errorf("business write ran for the preloaded ID %s", id)
-		})
+		}, pgdedup.WithSentAt(sent))
 		if err != nil || processed {
 			t.Errorf("Process(%s): processed %v, %v; want a duplicate", id, processed, err)
 		}
 	}
 	// Only IDs that stay duplicates for a while are redelivered.
-	if id, ok := preloadedID(rows, t0.Add(-time.Hour), retention); ok {
+	if id, _, ok := preloadedID(rows, t0.Add(-time.Hour), retention); ok {
 		t.Errorf("preloadedID after the Retention: %q; want none", id)
 	}
 }
@@ -163,13 +170,24 @@ FROM pg_inherits i WHERE i.inhparent = 'processed_messages'::regclass`).Scan(&n,
 	if n != rows || filled < 6 {
 		t.Errorf("%d rows in %d of %d partitions; want %d rows in the 6 (or 7) partitions of the past Retention", n, filled, parts, rows)
 	}
-	for range 20 {
-		id, _ := preloadedID(rows, t0, retention)
-		processed, err := store.Process(ctx, id, func(context.Context, pgx.Tx) error {
+	// -steady-sent-at's redeliveries pass the preloaded ID's time: a claim
+	// bounded by it, with a margin of a millisecond, finds the row too.
+	cfg.SentAtMargin = time.Millisecond
+	bounded, err := pgdedup.New(b.admin, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		id, sent, _ := preloadedID(rows, t0, retention)
+		s, opts := store, []pgdedup.Option(nil)
+		if i%2 == 1 {
+			s, opts = bounded, append(opts, pgdedup.WithSentAt(sent))
+		}
+		processed, err := s.Process(ctx, id, func(context.Context, pgx.Tx) error {
 			return fmt.Errorf("business write ran for the preloaded ID %s", id)
-		})
+		}, opts...)
 		if err != nil || processed {
-			t.Errorf("Process(%s): processed %v, %v; want a duplicate", id, processed, err)
+			t.Errorf("Process(%s, %d options): processed %v, %v; want a duplicate", id, len(opts), processed, err)
 		}
 	}
 }
