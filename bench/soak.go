@@ -35,8 +35,8 @@ type soakConfig struct {
 	// sentAt makes every Process call pass the message's first-sent time
 	// (pgdedup.WithSentAt): when a new message was queued, and a
 	// redelivery's original time.
-	sentAt      bool
-	naptime     time.Duration // autovacuum_naptime of the cluster
+	sentAt  bool
+	naptime time.Duration // autovacuum_naptime of the cluster
 	// tableAutovacuum holds the autovacuum_* storage parameters set on
 	// processed_messages ("name=value"), empty for the server's defaults.
 	tableAutovacuum []string
