@@ -109,10 +109,11 @@ type steadyRun struct {
 
 	rowsStart, rowsEnd int64 // count(*) at the start and end of the measured window
 	window             time.Duration
-	messages           int64 // new messages processed in the window
-	deliveries         int64 // Process calls that ended in the window (redeliveries included)
-	walBytes, fpi      int64 // pg_current_wal_lsn difference, pg_stat_wal.wal_fpi difference
-	checkpoints        int64 // checkpoints that started in the window (timed and requested)
+	windowAt           time.Time // when the window began (wall clock)
+	messages           int64     // new messages processed in the window
+	deliveries         int64     // Process calls that ended in the window (redeliveries included)
+	walBytes, fpi      int64     // pg_current_wal_lsn difference, pg_stat_wal.wal_fpi difference
+	checkpoints        int64     // checkpoints that started in the window (timed and requested)
 	p50, p99           time.Duration
 	p99Queued          time.Duration // p99 from the message's entry into the workers' queue (wait, then Process)
 	p99Warmup          time.Duration // p99 of the warm-up cycles, before the window (the first after the preload's CHECKPOINT)
@@ -385,6 +386,7 @@ func startSteadyTable(ctx context.Context, cfg steadyConfig, cluster *pgserver.C
 		return nil, err
 	}
 	from := time.Since(l.start)
+	r.windowAt = time.Now()
 	r.loadFrom = loadAverage()
 	msgs0, deleted0 := l.processed.Load(), t.deleted.Load()
 	end := time.Now().Add(time.Duration(cfg.cycles) * cfg.cycle)

@@ -36,6 +36,11 @@ func (r steadyResult) markdown() string {
 		p("- Layout: partitioned by claim time, %d partitions per Retention (`Config.Partitions`; span %s), made by `Store.Setup`, "+
 			"kept by `RunCleaner`; the partitions get the server's autovacuum settings (PostgreSQL takes no storage parameters "+
 			"on a partitioned table)\n", n, c.retention()/time.Duration(n))
+		span := c.retention() / time.Duration(n)
+		p("- Where the window fell: the full table's began %s into its partition's span of %s (0 is the switch) and lasted %.2f spans. "+
+			"Page images grow with the current partition's index over a span, so a window shorter than a span shows fewer of them "+
+			"early in it and more late: quote WAL only from whole spans (`-steady-cycles` a multiple of span ÷ cycle = %.2f)\n",
+			spanOffset(r.full.windowAt, span).Round(time.Second), span, float64(r.full.window)/float64(span), float64(span)/float64(c.cycle))
 	}
 	if c.sentAt {
 		p("- Claims pass a time: each `Process` call passes its message's first-sent time (`WithSentAt`: when it was queued, "+
@@ -154,4 +159,11 @@ func perMillion(bytes, rows int64) string {
 		return "–"
 	}
 	return mb(int64(float64(bytes) * 1e6 / float64(rows)))
+}
+
+// spanOffset is how far t lies into its partition's span, partitions of
+// span starting from the partitioned layout's origin (2000-01-01 UTC).
+func spanOffset(t time.Time, span time.Duration) time.Duration {
+	origin := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	return t.Sub(origin) % span
 }

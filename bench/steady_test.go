@@ -207,3 +207,22 @@ func TestSteadyScaled(t *testing.T) {
 		}
 	}
 }
+
+// The report places the window in its partition's span as date_bin does:
+// spans of the partitioned layout start at its origin, 2000-01-01 UTC.
+func TestSpanOffset(t *testing.T) {
+	origin := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	span := 8 * time.Minute
+	for _, c := range []struct {
+		at   time.Time
+		want time.Duration
+	}{
+		{origin, 0},
+		{origin.Add(1000*span + 90*time.Second), 90 * time.Second},
+		{time.Date(2026, 12, 5, 18, 9, 44, 0, time.FixedZone("CET", 3600)).Add(time.Hour), 104 * time.Second}, // PostgreSQL: the time less date_bin('8 min', the time, origin),
+	} {
+		if got := spanOffset(c.at, span); got != c.want {
+			t.Errorf("spanOffset(%s, %s) = %s, want %s", c.at, span, got, c.want)
+		}
+	}
+}
