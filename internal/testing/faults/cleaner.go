@@ -64,11 +64,12 @@ var layouts = []string{layoutPlain, layoutPartitioned}
 // (race-built tests, a Citus build, other suites), 250 ms partitions ran
 // out with the cleaner running. On Citus each span costs three distributed
 // DDL statements (a partition created ahead, one sealed, one detached and
-// dropped), and on a fresh CI machine compiling the examples with -race
-// beside it, that DDL outlasted 1 s spans: the cleaner fell behind and
-// partitioned claims slowed until a scenario ran out of its 5 minutes
-// (plain ones ran 9 times slower than on a quiet machine, partitioned ones
-// over 40 times). A scenario of 30 s still crosses switches and seals.
+// dropped). On CI's machine (its Citus root package takes 3 times as long
+// as here), beside the examples' race pass, that DDL outlasted 1 s spans:
+// the cleaner fell behind and partitioned claims slowed until a scenario
+// ran out of its 5 minutes (plain ones ran 9 times slower than on a quiet
+// machine, partitioned ones over 40 times). A scenario of 30 s still
+// crosses switches and seals.
 func partitionSpan() time.Duration {
 	if pgtest.CitusColumn() != "" {
 		return 4 * time.Second
