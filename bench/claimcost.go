@@ -76,8 +76,7 @@ func (v claimVariant) opts() []pgdedup.Option {
 	at := time.Now()
 	if v.before {
 		span := claimRetention / time.Duration(pgdedup.DefaultPartitions)
-		origin := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC) // of the partitions' grid
-		at = origin.Add(at.Sub(origin) / span * span).Add(-claimMargin)
+		at = at.Add(-spanOffset(at, span) - claimMargin)
 	}
 	return []pgdedup.Option{pgdedup.WithSentAt(at)}
 }

@@ -346,15 +346,11 @@ func (l *soakLoad) run(sendCtx, ctx context.Context) {
 // queued is when the message was put in the workers' queue, sent when it
 // was first sent.
 func (l *soakLoad) deliver(ctx context.Context, id string, dup bool, queued, sent time.Time) {
-	var opts []pgdedup.Option
-	if l.cfg.sentAt {
-		opts = append(opts, pgdedup.WithSentAt(sent))
-	}
 	t0 := time.Now()
 	processed, err := l.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
 		return err
-	}, opts...)
+	}, sentAtOpts(l.cfg.sentAt, sent)...)
 	d, fromQueued := time.Since(t0), time.Since(queued)
 	if err != nil {
 		l.errors.Add(1)
@@ -552,4 +548,12 @@ func (r soakResult) markdown(loadBefore, loadAfter string) string {
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// sentAtOpts is WithSentAt(sent) when on, else no option.
+func sentAtOpts(on bool, sent time.Time) []pgdedup.Option {
+	if !on {
+		return nil
+	}
+	return []pgdedup.Option{pgdedup.WithSentAt(sent)}
 }

@@ -455,14 +455,10 @@ func steadyThroughput(ctx context.Context, cfg steadyConfig, tables []*steadyTab
 			t := tables[(i+j)%len(tables)]
 			s, err := measure(ctx, cfg.tputWorkers, round, nil, func(ctx context.Context, _ int) error {
 				id := fmt.Sprintf("tput-%09d-%08x", t.tputSeq.Add(1), rand.Uint32())
-				var opts []pgdedup.Option
-				if cfg.sentAt {
-					opts = append(opts, pgdedup.WithSentAt(time.Now()))
-				}
 				processed, err := t.store.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, `INSERT INTO soak_ledger (message_id, amount) VALUES ($1, 1)`, id)
 					return err
-				}, opts...)
+				}, sentAtOpts(cfg.sentAt, time.Now())...)
 				if err == nil && !processed {
 					err = errSeenAsDuplicate
 				}

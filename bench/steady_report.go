@@ -161,9 +161,12 @@ func perMillion(bytes, rows int64) string {
 	return mb(int64(float64(bytes) * 1e6 / float64(rows)))
 }
 
+// partitionOrigin is where the partitioned layout's grid of spans starts
+// (the library's partitioned.Origin, internal to it).
+var partitionOrigin = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // spanOffset is how far t lies into its partition's span, partitions of
-// span starting from the partitioned layout's origin (2000-01-01 UTC).
+// span starting from partitionOrigin, as date_bin places them.
 func spanOffset(t time.Time, span time.Duration) time.Duration {
-	origin := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-	return t.Sub(origin) % span
+	return t.Sub(partitionOrigin) % span
 }

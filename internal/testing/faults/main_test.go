@@ -110,6 +110,13 @@ func (l *errLog) add(err error) {
 	}
 }
 
+// count is how many errors were added.
+func (l *errLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
 func (l *errLog) log(t *testing.T) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
