@@ -119,7 +119,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.steady.rate, "steady-rate", 800, "steady: new messages per second")
 	fs.DurationVar(&c.steady.cycle, "steady-cycle", 30*time.Second, "steady: the checkpoint cycle (checkpoint_timeout; under 30s the bench issues CHECKPOINT)")
 	fs.IntVar(&c.steady.ratio, "steady-ratio", 192, "steady: R, Retention = R × cycle (192: 48 h with 15 min checkpoints)")
-	fs.IntVar(&c.steady.cycles, "steady-cycles", 6, "steady: whole cycles measured")
+	fs.IntVar(&c.steady.cycles, "steady-cycles", 0, "steady: whole cycles measured (0: 6 on the plain layout; on the partitioned one, "+
+		"the fewest that make whole partition spans and at least 6, so WAL and p99 weigh every moment of a span alike: 16 at 12 partitions)")
 	fs.IntVar(&c.steady.warmup, "steady-warmup", 1, "steady: cycles run before the measured CHECKPOINT")
 	fs.Float64Var(&c.steady.dupShare, "steady-dups", 0.1, "steady: redeliveries on top of the new messages, as a share of them")
 	fs.DurationVar(&c.steady.cleanEach, "steady-clean-every", 5*time.Second, "steady: RunCleaner's interval")
@@ -223,6 +224,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 					}
 				}
 			}
+		}
+		if c.steady.cycles == 0 {
+			c.steady.cycles = c.steady.wholeSpanCycles()
 		}
 		for p := 5440; p <= 5449; p++ {
 			c.steady.ports = append(c.steady.ports, p)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -47,6 +48,28 @@ func (c steadyConfig) retention() time.Duration { return time.Duration(c.ratio) 
 // library's default (an hour) at the default Retention (48 h), compressed
 // like the Retention: Retention ÷ 48.
 func (c steadyConfig) sentAtMargin() time.Duration { return c.retention() / 48 }
+
+// minCycles is the fewest cycles a steady window lasts by default.
+const minCycles = 6
+
+// wholeSpanCycles is -steady-cycles' default. On the plain layout it is
+// minCycles. On the partitioned layout it is the fewest cycles that last
+// a whole number of partition spans, and at least minCycles: the current
+// partition's key index grows from empty over its span, and page images
+// with it, so a window of part of a span reads low early in it and high
+// late. Where a span is not a whole number of cycles, the cycles round up.
+func (c steadyConfig) wholeSpanCycles() int {
+	if c.layout != "partitioned" {
+		return minCycles
+	}
+	n := c.partitions
+	if n == 0 {
+		n = pgdedup.DefaultPartitions
+	}
+	span := float64(c.ratio) / float64(n) // in cycles
+	spans := math.Ceil(minCycles / span)
+	return int(math.Ceil(spans*span - 1e-9))
+}
 
 // rows is what the full table holds: rate × Retention.
 func (c steadyConfig) rows() int { return int(float64(c.rate) * c.retention().Seconds()) }

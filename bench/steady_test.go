@@ -44,6 +44,26 @@ func TestSteadyFlags(t *testing.T) {
 		t.Errorf("command %q, want %q", c.command, want)
 	}
 
+	// The default window is whole partition spans: span ÷ cycle = 192 ÷ partitions.
+	for _, tc := range []struct {
+		args   []string
+		cycles int
+	}{
+		{[]string{"-layout", "plain"}, 6},
+		{[]string{"-layout", "partitioned"}, 16}, // the default 12: one span
+		{[]string{"-layout", "partitioned", "-partitions", "6"}, 32},
+		{[]string{"-layout", "partitioned", "-partitions", "24"}, 8},
+		{[]string{"-layout", "partitioned", "-partitions", "48"}, 8},   // two spans of 4
+		{[]string{"-layout", "partitioned", "-partitions", "10"}, 20},  // a span of 19.2 cycles, rounded up
+		{[]string{"-layout", "partitioned", "-partitions", "100"}, 8},  // four spans of 1.92
+		{[]string{"-layout", "partitioned", "-steady-cycles", "3"}, 3}, // set by hand
+	} {
+		cfg, err := parseFlags(append([]string{"-only", "steady"}, tc.args...), io.Discard)
+		if err != nil || cfg.steady.cycles != tc.cycles {
+			t.Errorf("%v: %d cycles (%v), want %d", tc.args, cfg.steady.cycles, err, tc.cycles)
+		}
+	}
+
 	cfg, err = parseFlags([]string{"-only", "steady", "-steady-workers", "16", "-steady-pool-conns", "4"}, io.Discard)
 	if err != nil || cfg.steady.workers != 16 || cfg.steady.poolConns != 4 {
 		t.Errorf("-steady-workers 16 -steady-pool-conns 4: %+v, %v", cfg.steady, err)
@@ -53,7 +73,7 @@ func TestSteadyFlags(t *testing.T) {
 		{"-layout", "heap"},
 		{"-steady-rate", "0"},
 		{"-steady-ratio", "1"},
-		{"-steady-cycles", "0"},
+		{"-steady-cycles", "-1"},
 		{"-steady-cycle", "10ms"},
 		{"-steady-dups", "1.5"},
 		{"-steady-clean-every", "0s"},
