@@ -85,7 +85,11 @@ func (s *Store) layouts(ctx context.Context, query engine.QueryRow) (*layouts, e
 		if err := query(ctx, citus.SinceQuery(s.partitionFunc), []any{s.messages.table}, &since); err != nil {
 			return nil, engine.FromDatabase(fmt.Errorf("pgdedup: look up the claim function of %s: %w", s.messages.table, withDetail(err)))
 		}
-		ls.part = s.partitioned(citus.NewPartitioned(ms, s.partitionFunc, since))
+		span, err := s.partitionSpan(ctx, query)
+		if err != nil {
+			return nil, err
+		}
+		ls.part = s.partitionedSpan(citus.NewPartitioned(ms, s.partitionFunc, since), span)
 	case messagesOnCitus:
 		ls.Messages, ls.plain = citus.NewPlain(s.env(), s.messages.sql), false
 	case isPartitioned:

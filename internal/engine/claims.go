@@ -68,6 +68,10 @@ type IDClaim struct {
 	// noGuess.
 	missed bool
 	tried  int
+	// wrote is the processed_at of a row that the last send's missed guess
+	// wrote (shape.One.Wrote), and undo that of the send before, which the
+	// next send deletes first (shape.One.Undo).
+	wrote, undo time.Time
 }
 
 // noGuess is the tries after which a claim no longer guesses: a lean guess,
@@ -77,13 +81,15 @@ const noGuess = 2
 // Statements implements [Claim].
 func (c *IDClaim) Statements(l *Layouts) Statements {
 	c.Claimed, c.Found, c.Stored, c.Result = false, false, nil, nil
-	return Statements{Settings: l.Messages.Settings(false), Claim: l.Messages.ClaimOne(c.One())}
+	o := c.One()
+	c.undo, c.wrote = time.Time{}, time.Time{}
+	return Statements{Settings: l.Messages.Settings(false), Claim: l.Messages.ClaimOne(o)}
 }
 
 // One is the shape's view of c. Its callbacks fill in c.
 func (c *IDClaim) One() shape.One {
 	o := shape.One{ID: c.ID, Retention: c.Retention, Fingerprint: c.Fingerprint,
-		WithResult: c.WithResult, Claimed: &c.Claimed, Stored: c.scanStored}
+		WithResult: c.WithResult, Claimed: &c.Claimed, Stored: c.scanStored, Wrote: &c.wrote, Undo: c.undo}
 	if c.tried < noGuess {
 		o.Since, o.Missed, o.Tried = c.Since, &c.missed, c.tried
 	}
@@ -100,6 +106,7 @@ func (c *IDClaim) Missed() bool {
 	}
 	c.missed = false
 	c.tried++
+	c.undo = c.wrote
 	return true
 }
 

@@ -101,6 +101,13 @@ type One struct {
 	// missed so far. A shape guesses less with each.
 	Missed *bool
 	Tried  int
+	// Wrote, when set, lets a guess that missed have written one row of
+	// the ID after all: the shape sets *Wrote to its processed_at, and sets
+	// Missed. The claim sent again then gets it as Undo.
+	Wrote *time.Time
+	// Undo, when not zero, is the processed_at of the row a missed guess
+	// wrote in this transaction (see Wrote). The claim deletes it first.
+	Undo time.Time
 }
 
 // Many is the claim of a batch of IDs, sorted by key, each once.

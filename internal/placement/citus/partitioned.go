@@ -39,7 +39,18 @@ import (
 // and hands over only from the start of that time's partition, as the
 // bounded claims of one server do (docs/partitioning.md). When that is the
 // coordinator's current partition, it neither looks up nor hands over: the
-// claim is one routed INSERT. The function of the release before took no
+// claim is one routed INSERT.
+//
+// A fresh claim calls no function. When the time's partition is the
+// client's current one, the claim is that routed INSERT, sent by the
+// client: the coordinator evaluates clock_timestamp() and Citus routes the
+// row to the ID's shard, as on the plain table. It returns the row's
+// processed_at. One outside the client's partition (a clock near a switch,
+// or skewed) is deleted, and the function claims (partitioned's
+// claimRouted). The INSERT takes ROW EXCLUSIVE on the table on the
+// coordinator, which sealing waits for, as the function's lock.
+//
+// The function of the release before took no
 // time. It stays, as a wrapper that passes none, so that a Store of that
 // release keeps claiming during a rolling upgrade. A Store calls the
 // function with a time only where Setup made it (SinceQuery).
@@ -88,7 +99,8 @@ func (p Partitioned) Claims(m plain.Statements, meta string) *partitioned.Claims
 		return `SELECT ` + p.fn + `('` + m.Table + `'::pg_catalog.regclass, '` + meta + `'::pg_catalog.regclass, $1::text, ` +
 			ids + `, ` + keys + `, ` + exp + `, ` + fp + since + `)`
 	}
-	c := partitioned.Claims{Since: p.since}
+	c := partitioned.Claims{Since: p.since, Fresh: new([4]string),
+		Undo: `DELETE FROM ` + m.Table + ` WHERE key = $3::uuid AND consumer = $1 AND message_id = $2 AND processed_at = $4::pg_catalog.timestamptz`}
 	for v := range c.One {
 		exp, fp, n := m.Expires, "NULL", 4
 		if v&plain.ClaimRetention != 0 {
@@ -100,6 +112,11 @@ func (p Partitioned) Claims(m plain.Statements, meta string) *partitioned.Claims
 			n++
 		}
 		c.One[v] = `SELECT count(*) FROM (` + call(`ARRAY[$2::text]`, `ARRAY[$3::uuid]`, exp, fp, n) + `) f`
+		// The fresh claim: one INSERT that Citus routes to the ID's shard,
+		// the coordinator evaluating the clock.
+		c.Fresh[v] = `INSERT INTO ` + m.Table + ` (key, consumer, message_id, processed_at, expires_at, fingerprint)
+VALUES ($3::uuid, $1::text, $2::text, pg_catalog.clock_timestamp(), ` + exp + `, ` + fp + `)
+ON CONFLICT DO NOTHING RETURNING processed_at`
 	}
 	c.Batch = call(`$2::text[]`, `$3::uuid[]`, m.Expires, "NULL", 4)
 	return &c

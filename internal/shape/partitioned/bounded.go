@@ -342,3 +342,41 @@ func (l *Shape) claimManyBounded(c shape.Many) []shape.Statement {
 		})
 	}}}
 }
+
+// claimRouted returns the placement's fresh claim of c (Claims.Fresh), or
+// nil where c or the table has none. It is sent where the statement of a
+// fresh claim cannot be (on Citus: an INSERT … SELECT is pulled through
+// the coordinator). It inserts the ID into the partition of the
+// database's clock, whichever that is, and returns the row's processed_at.
+// Inserting nothing is a conflict: the ID was claimed, a duplicate. A row
+// inside the client's current partition, where the lower bound lies, is
+// the fresh claim of bounded.go. A row outside it is the clock outside
+// that partition: the claim missed, but wrote. It sets c.Wrote, and the
+// claim sent again deletes that row first (shape.One.Undo). The row is
+// this transaction's own and uncommitted, so no other claim has seen it
+// but as a lock to wait for. Deleted, it is as if never written.
+func (l *Shape) claimRouted(c shape.One) []shape.Statement {
+	if l.routedFresh == nil || c.Missed == nil || c.Wrote == nil || c.Tried > 0 || c.Since.IsZero() || l.span <= 0 {
+		return nil
+	}
+	cur := spanStart(l.clock(), l.span)
+	if !spanStart(c.Since, l.span).Equal(cur) {
+		return nil
+	}
+	sts := plain.ClaimOneWith(c, l.sql, *l.routedFresh)
+	claimed, missed, wrote, span := c.Claimed, c.Missed, c.Wrote, l.span
+	sts[0].Affected = nil
+	sts[0].Row = func(scan func(dest ...any) error) error {
+		var at time.Time
+		if err := scan(&at); err != nil {
+			return err
+		}
+		if spanStart(at, span).Equal(cur) {
+			*claimed = true
+			return nil
+		}
+		*missed, *wrote = true, at
+		return nil
+	}
+	return sts
+}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgdedup/pgdedup/internal/shape"
 )
 
 // spanStart is date_bin(span, t, '2000-01-01 UTC'): the start of t's
@@ -48,4 +50,61 @@ func TestRender(t *testing.T) {
 	if got := l.render(lowerMark+" "+nextMark, renderKey{kind: fresh}, now.Add(-10*time.Minute), now); got != `'2026-12-05 02:00:00+00'::pg_catalog.timestamptz '2026-12-05 03:00:00+00'::pg_catalog.timestamptz` {
 		t.Errorf("fresh: %s", got)
 	}
+}
+
+// A placement's fresh claim (Claims.Fresh, on Citus) answers the row's
+// processed_at: inside the client's current partition it claimed, outside
+// it missed but wrote, and nothing is a duplicate. The claim sent again
+// deletes the row written first.
+func TestClaimRouted(t *testing.T) {
+	now := time.Date(2026, 12, 5, 1, 30, 0, 0, time.UTC)
+	l := &Shape{span: time.Hour, clock: func() time.Time { return now }, routedFresh: &[4]string{"FRESH"}, undo: "UNDO", claimWith: [4]string{"CLAIM"}}
+	id := shapeID()
+	for _, c := range []struct {
+		name                   string
+		at                     *time.Time // the row returned, if any
+		claimed, missed, wrote bool
+	}{
+		{"inside", ptr(now.Add(5 * time.Minute)), true, false, false},
+		{"in the next partition", ptr(now.Add(31 * time.Minute)), false, true, true},
+		{"in the one before", ptr(now.Add(-31 * time.Minute)), false, true, true},
+		{"a conflict", nil, false, false, false},
+	} {
+		var claimed, missed bool
+		var wrote time.Time
+		sts := l.ClaimOne(oneOf(id, now.Add(-10*time.Minute), &claimed, &missed, &wrote, 0, time.Time{}))
+		if len(sts) != 1 || sts[0].SQL != "FRESH" || sts[0].Row == nil {
+			t.Fatalf("%s: %+v, want the fresh claim answering a row", c.name, sts)
+		}
+		if c.at != nil {
+			if err := sts[0].Row(func(dest ...any) error { *dest[0].(*time.Time) = *c.at; return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if claimed != c.claimed || missed != c.missed || !wrote.IsZero() != c.wrote || (c.wrote && !wrote.Equal(*c.at)) {
+			t.Errorf("%s: claimed %v, missed %v, wrote %s", c.name, claimed, missed, wrote)
+		}
+	}
+	// Sent before the client's partition, or sent again: the placement's
+	// own claim, after the undo when a row was written.
+	var claimed, missed bool
+	var wrote time.Time
+	if sts := l.ClaimOne(oneOf(id, now.Add(-40*time.Minute), &claimed, &missed, &wrote, 0, time.Time{})); len(sts) != 1 || sts[0].SQL != "CLAIM" {
+		t.Errorf("sent before the partition: %+v", sts)
+	}
+	undo := now.Add(31 * time.Minute)
+	sts := l.ClaimOne(oneOf(id, now.Add(-10*time.Minute), &claimed, &missed, &wrote, 1, undo))
+	if len(sts) != 2 || sts[0].SQL != "UNDO" || sts[1].SQL != "CLAIM" || !sts[0].Args[3].(time.Time).Equal(undo) {
+		t.Errorf("sent again after a row was written: %+v", sts)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func shapeID() shape.ID {
+	return shape.ID{Consumer: "c", ID: "m1", Key: "00000000-0000-0000-0000-000000000001"}
+}
+
+func oneOf(id shape.ID, since time.Time, claimed, missed *bool, wrote *time.Time, tried int, undo time.Time) shape.One {
+	return shape.One{ID: id, Since: since, Claimed: claimed, Missed: missed, Wrote: wrote, Tried: tried, Undo: undo}
 }

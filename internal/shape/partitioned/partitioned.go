@@ -108,6 +108,10 @@ type Shape struct {
 	// since is set when the placement's claims take the claim's time, last
 	// (Claims.Since).
 	since bool
+	// routedFresh and undo are the placement's Claims.Fresh and
+	// Claims.Undo.
+	routedFresh *[4]string
+	undo        string
 }
 
 // noStrayCopies: a duplicate must not leave a copy of its ID behind. One
@@ -211,7 +215,7 @@ ON CONFLICT DO NOTHING`
 	l.boundBatch = boundedBatch(t, c.Meta, cols, m)
 	if cl := c.Place.Claims(m, c.Meta); cl != nil {
 		l.claimWith, l.claimBatch, l.counted, l.freshWith, l.leanWith, l.boundWith, l.boundBatch = cl.One, cl.Batch, true, nil, nil, nil, ""
-		l.since = cl.Since
+		l.since, l.routedFresh, l.undo = cl.Since, cl.Fresh, cl.Undo
 	}
 	return l
 }
@@ -242,14 +246,22 @@ func (l *Shape) ClaimOne(c shape.One) []shape.Statement {
 	if sts := l.claimBounded(c); sts != nil {
 		return sts
 	}
-	sts := plain.ClaimOneWith(c, l.sql, l.claimWith)
+	if sts := l.claimRouted(c); sts != nil {
+		return sts
+	}
+	var undo []shape.Statement
+	if !c.Undo.IsZero() && l.undo != "" {
+		undo = []shape.Statement{{SQL: l.undo, Args: append(c.Args(), c.Undo)}}
+	}
+	sts := append(undo, plain.ClaimOneWith(c, l.sql, l.claimWith)...)
+	i := len(undo) // the claim
 	if l.since {
-		sts[0].Args = append(sts[0].Args, sinceArg(c.Since))
+		sts[i].Args = append(sts[i].Args, sinceArg(c.Since))
 	}
 	if l.counted {
 		claimed := c.Claimed
-		sts[0].Affected = nil
-		sts[0].Row = func(scan func(dest ...any) error) error {
+		sts[i].Affected = nil
+		sts[i].Row = func(scan func(dest ...any) error) error {
 			var n int64
 			err := scan(&n)
 			*claimed = n == 1

@@ -58,6 +58,14 @@ type Claims struct {
 	// Since is set when each takes one more argument, last: the earliest
 	// time a claim of the IDs can have been made (shape.One.Since), or NULL.
 	Since bool
+	// Fresh, when set, are the placement's fresh claims of one ID by
+	// variant: one INSERT of the ID stamped with the database's clock,
+	// returning the processed_at of the row it inserted, if any (see
+	// claimRouted).
+	Fresh *[4]string
+	// Undo deletes the row of ID $1, $2, $3 with processed_at $4: one that
+	// a fresh claim inserted outside its partition.
+	Undo string
 }
 
 // OneServer is a partitioned table on one PostgreSQL server. It
