@@ -10,7 +10,9 @@ import (
 	"github.com/pgdedup/pgdedup/internal/pgtest"
 )
 
-// Stored responses on the partitioned layout (2-second partitions): a key's
+// Stored responses on the partitioned layout (2-second partitions, a
+// Retention of a minute, so that a loaded machine does not expire the key
+// before the test's last request): a key's
 // answer is replayed byte for byte after the next partition began, with the
 // older partition unsealed (the claim's row and its hand-over copy) and once
 // Cleanup sealed it (found by look-up); the handler ran once.
@@ -20,14 +22,14 @@ func TestStoredResponsesOnPartitionedTable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	setupStore, err := pgdedup.New(db.Pool, pgdedup.Config{Consumer: "setup", Layout: pgdedup.LayoutPartitioned,
-		Retention: 20 * time.Second, Partitions: 10})
+		Retention: time.Minute, Partitions: 30})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := setupStore.Setup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := setupOn(t, db, db.Pool, idempotency.Config{Store: pgdedup.Config{Retention: 20 * time.Second}}, nil)
+	b := setupOn(t, db, db.Pool, idempotency.Config{Store: pgdedup.Config{Retention: time.Minute}}, nil)
 	first := post(t, b.url, "key-1", order)
 	if first.status != 201 || first.replayed() {
 		t.Fatalf("first request: %v", first)
