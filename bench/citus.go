@@ -45,7 +45,8 @@ var citusScenarios = []struct{ key, title string }{
 	{"2pc", "Citus, business row on another shard (2PC when on another worker)"},
 	{"via-worker", "Citus, co-located, clients connected to a worker instead of the coordinator"},
 	{"partitioned", "Citus, co-located, the Partitioned layout (docs/partitioning.md)"},
-	{"partitioned-time", "Citus, co-located, the Partitioned layout, with a time (`WithSentAt(time.Now())`: a fresh claim)"},
+	{"partitioned-time", "Citus, co-located, the Partitioned layout, with a time (`WithSentAt(time.Now())`, `SentAtMargin` 1ms: a fresh claim, one routed `INSERT`)"},
+	{"partitioned-before", "Citus, co-located, the Partitioned layout, with a time 1ms before the current partition (the claim function, looking in it and the one before)"},
 }
 
 // citusResult is what the citus part measured.
@@ -104,9 +105,18 @@ func (b *bench) runCitus(ctx context.Context, prog *progress) (*citusResult, err
 	if err == nil {
 		err = part.store.Setup(ctx)
 	}
+	// Claims with a time go through a Store of their own with a margin of
+	// 1ms, so that a message sent now is a fresh claim whatever the time of
+	// day (with the default hour, one in four of a 4-hour span is not).
+	var timed *pgdedup.Store
+	if err == nil {
+		timed, err = pgdedup.New(part.pool, pgdedup.Config{Consumer: consumer, Retention: retention,
+			Layout: pgdedup.LayoutPartitioned, Partitions: 12, SentAtMargin: time.Millisecond})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("citus, partitioned: %w", err)
 	}
+	span := retention / 12
 
 	res := &citusResult{process: map[int]map[string]series{}}
 	err = cit.pool.QueryRow(ctx, `SELECT (SELECT 'Citus ' || extversion FROM pg_extension WHERE extname = 'citus'),
@@ -149,7 +159,11 @@ WHERE shouldhaveshards AND noderole = 'primary' ORDER BY nodeid LIMIT 1`).Scan(&
 			return processOne(ctx, part.store, id, ledger)
 		},
 		"partitioned-time": func(ctx context.Context, id string) error {
-			return processOne(ctx, part.store, id, ledger, pgdedup.WithSentAt(time.Now()))
+			return processOne(ctx, timed, id, ledger, pgdedup.WithSentAt(time.Now()))
+		},
+		"partitioned-before": func(ctx context.Context, id string) error {
+			now := time.Now()
+			return processOne(ctx, timed, id, ledger, pgdedup.WithSentAt(now.Add(-spanOffset(now, span)-time.Millisecond)))
 		},
 		"2pc": func(ctx context.Context, id string) error {
 			return processOne(ctx, cit.store, id, `INSERT INTO ledger_elsewhere (order_id, message_id, amount) VALUES ('order-' || $1, $1, 100)`)
@@ -490,6 +504,15 @@ func (c *citusResult) targets() []target {
 			x := median(rs)
 			ts = append(ts, target{"Citus: Process, Partitioned with a time, 8 workers ÷ co-located plain table on Citus", "≥ 0.90×",
 				fmt.Sprintf("%.3f× (rounds: %.2f–%.2f)", x, slices.Min(rs), slices.Max(rs)), x >= 0.9})
+			// At the defaults (4-hour spans, SentAtMargin 1 h) a message
+			// claimed promptly is fresh 3 times in 4 and bound in the
+			// partition before the fourth: the mix's rate is the harmonic one.
+			if rb := sr["partitioned-before"].ratios(sr["colocated"]); len(rb) > 0 {
+				b := median(rb)
+				mix := 1 / (0.75/x + 0.25/b)
+				ts = append(ts, target{"Citus: Process, Partitioned with a time at the defaults (3 in 4 fresh), 8 workers ÷ co-located plain table on Citus", "≥ 0.90×",
+					fmt.Sprintf("%.3f× (fresh %.3f×, sent before the partition %.3f×, rounds: %.2f–%.2f)", mix, x, b, slices.Min(rb), slices.Max(rb)), mix >= 0.9})
+			}
 		}
 	}
 	if len(c.batch) > 1 && c.batch[1].err == nil {

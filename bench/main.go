@@ -56,6 +56,7 @@ type config struct {
 	only            []string
 	out             string
 	cpuProfile      string
+	sizingDoc       string   // -sizing-doc: rewrite that file's generated table and measure nothing
 	args            []string // the command line, for the report's header
 
 	soak   soakConfig   // -only soak
@@ -140,6 +141,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.claimCost.business, "claimcost-business-row", false, "claimcost: Process inserts one business row in the claim's transaction (issue 29's measure), instead of nothing")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
+	fs.StringVar(&c.sizingDoc, "sizing-doc", "", "measure nothing: write the WAL table of this file (docs/sizing.md) again from results/steady-*.md")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -257,6 +259,13 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
+	}
+	if cfg.sizingDoc != "" {
+		if err := writeSizingDoc(cfg.sizingDoc, "results"); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
