@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/pgdedup/pgdedup"
 )
 
 // The WAL table of docs/sizing.md is generated from the steady runs'
@@ -55,7 +57,7 @@ func readSteadyFigures(path string) (steadyFigures, error) {
 		f.layout = m[1]
 	}
 	if f.layout == "partitioned" {
-		f.partitions = 12 // the default when the command names none (pgdedup.DefaultPartitions when these files were written)
+		f.partitions = pgdedup.DefaultPartitions // the command names none
 		if m := rePartitions.FindStringSubmatch(cmd[1]); m != nil {
 			fmt.Sscan(m[1], &f.partitions)
 		}
