@@ -161,7 +161,15 @@ SELECT $1, 'forget-' || i, $2::timestamptz, $2::timestamptz + interval '1 millis
 	}
 	if partitioned {
 		// Until the partition is due: ended a Retention ago and sealed.
+		// Cleanups seal it; they stop half a Retention before it is due,
+		// so that none of them drops it before the timed one (a Cleanup
+		// that began just before due would otherwise find it due).
 		due := at.Add(forgetRetention/forgetPartitions + forgetRetention)
+		var early pgdedup.Event
+		sealer, err := pgdedup.New(pool, withEvents(scfg, &early))
+		if err != nil {
+			return r, version, err
+		}
 		for {
 			var now time.Time
 			if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
@@ -170,14 +178,27 @@ SELECT $1, 'forget-' || i, $2::timestamptz, $2::timestamptz + interval '1 millis
 			if !now.Before(due) {
 				break
 			}
-			if _, err := store.Cleanup(ctx); err != nil {
-				return r, version, err
+			if due.Sub(now) > forgetRetention/2 {
+				if _, err := sealer.Cleanup(ctx); err != nil {
+					return r, version, err
+				}
+				if len(early.Dropped) > 0 {
+					return r, version, fmt.Errorf("a Cleanup %v before the partition was due dropped it", due.Sub(now))
+				}
 			}
 			select {
 			case <-ctx.Done():
 				return r, version, ctx.Err()
 			case <-time.After(min(due.Sub(now), 200*time.Millisecond)):
 			}
+		}
+		var sealed bool
+		if err := pool.QueryRow(ctx, `SELECT sealed >= $1 FROM pgdedup_partitions WHERE parent = 'processed_messages'::regclass`,
+			at.Add(forgetRetention/forgetPartitions)).Scan(&sealed); err != nil {
+			return r, version, err
+		}
+		if !sealed {
+			return r, version, errors.New("the partition was not sealed half a Retention before it was due")
 		}
 		if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
 			return r, version, err

@@ -2,6 +2,8 @@ package idempotency_test
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -133,4 +135,46 @@ func TestSameKeyWaitersHoldNoConnection(t *testing.T) {
 	if r := post(t, b.url, "same", `{"order":"o-2","amount":1}`); !isProblem(r, 422) {
 		t.Fatal(r)
 	}
+}
+
+// A client that reads its answer and sends the same key again at once finds
+// the key's flight ended, and gets the stored answer, not 409 (InFlightWait
+// is 0). The server here is slow to return once it has written an answer, as
+// a loaded machine's can be, while the answer is already with the client.
+func TestSendingAgainAfterTheAnswerFindsTheFlightEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idempotency.Config{}, newAPI(64<<10))
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", b.mw.Wrap(b.api))
+	srv := httptest.NewServer(authenticate(slowAfterWrite(mux)))
+	t.Cleanup(srv.Close)
+	first := post(t, srv.URL+"/charges", "k", order)
+	if first.status != http.StatusCreated || first.replayed() {
+		t.Fatalf("first: %v", first.status)
+	}
+	for i := range 2 {
+		if r := post(t, srv.URL+"/charges", "k", order); !r.replayed() || r.body != first.body {
+			t.Fatalf("sent again (%d): %d, replayed %v", i+1, r.status, r.replayed())
+		}
+	}
+	if b.api.calls.Load() != 1 || charges(t, b.pool) != 1 {
+		t.Fatalf("%d handler calls, %d charges; want 1, 1", b.api.calls.Load(), charges(t, b.pool))
+	}
+}
+
+// slowAfterWrite flushes each write to the client at once, then holds the
+// handler for 300 ms before it may go on.
+func slowAfterWrite(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&flushThenWait{w}, r)
+	})
+}
+
+type flushThenWait struct{ http.ResponseWriter }
+
+func (w *flushThenWait) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	time.Sleep(300 * time.Millisecond)
+	return n, err
 }

@@ -23,8 +23,9 @@ var (
 )
 
 // answer sends what process's outcome calls for, unless the key was a
-// duplicate whose stored answer is still to be loaded (done is false).
-func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, id string, fp []byte, rec *recorder, processed bool, err error) (done bool, kept *response) {
+// duplicate whose stored answer is still to be loaded (done is false). An
+// answer kept for replay is recorded with keep before it is sent.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, id string, fp []byte, rec *recorder, processed bool, err error) (done bool) {
 	var resp *response
 	if rec != nil {
 		resp = rec.response()
@@ -34,7 +35,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, id string, f
 	case rolledBack && resp.status >= 500:
 		resp.send(w, false)
 	case rolledBack && resp.status >= 400:
-		return true, m.answerClientError(w, r, id, fp, resp)
+		m.answerClientError(w, r, id, fp, resp)
 	case errors.Is(err, errAborted):
 		m.log.ErrorContext(r.Context(), "idempotency: a statement failed in idempotency.Tx, and the handler then answered "+
 			fmt.Sprint(resp.status)+": nothing was committed, the request got 500; roll back to a savepoint (tx.Begin) "+
@@ -50,17 +51,17 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, id string, f
 	case err != nil:
 		m.fail(w, r, err)
 	case processed:
+		keep(w, resp.stored)
 		resp.send(w, false)
-		return true, resp.stored
 	default:
-		return false, nil
+		return false
 	}
-	return true, nil
+	return true
 }
 
 // answerClientError sends a 4xx answer whose writes were rolled back, after
 // keeping it for replay in a transaction of its own when the Config says so.
-func (m *Middleware) answerClientError(w http.ResponseWriter, r *http.Request, id string, fp []byte, resp *response) *response {
+func (m *Middleware) answerClientError(w http.ResponseWriter, r *http.Request, id string, fp []byte, resp *response) {
 	var kept *response
 	if m.keeps(resp.status) {
 		ok, err := m.keepAnswer(r.Context(), id, fp, resp)
@@ -73,8 +74,8 @@ func (m *Middleware) answerClientError(w http.ResponseWriter, r *http.Request, i
 			kept = resp.stored
 		}
 	}
+	keep(w, kept)
 	resp.send(w, false)
-	return kept
 }
 
 // keeps reports whether a 4xx answer is kept for replay.

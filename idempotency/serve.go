@@ -85,9 +85,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	for {
 		fl, lead, canWait := m.flights.join(id, m.cfg.MaxWaitersPerKey)
 		if lead {
-			var kept *response
-			defer func() { m.flights.finish(id, fl, kept) }() // also when next panics
-			kept = m.lead(w, r, next, id, body)
+			lw := &leaderWriter{ResponseWriter: w, end: func(kept *response) { m.flights.finish(id, fl, kept) }}
+			defer lw.endFlight() // also when next panics, or nothing was sent
+			m.lead(lw, r, next, id, body)
 			return
 		}
 		if !canWait || m.cfg.InFlightWait == 0 {
@@ -145,32 +145,81 @@ func (m *Middleware) replayKept(w http.ResponseWriter, r *http.Request, id strin
 
 // lead serves the first request of a key in this process, whose body was
 // read. It takes a turn on the database, claims the key and runs next, or
-// replays the key's stored answer. It returns the answer kept for the key,
-// for the requests waiting on the same key, or nil.
-func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Handler, id string, body []byte) *response {
+// replays the key's stored answer. The answer kept for the key, for the
+// requests waiting on the same key, is recorded in w before it is sent (see
+// keep).
+func (m *Middleware) lead(w *leaderWriter, r *http.Request, next http.Handler, id string, body []byte) {
 	release, ok := m.acquire(r.Context())
 	if !ok {
 		m.busy(w, r)
-		return nil
+		return
 	}
-	defer release()
+	w.release = release
 	fp := m.fingerprint(r, body)
 	rec, result, processed, err := m.process(r, next, id, fp, body)
-	if done, kept := m.answer(w, r, id, fp, rec, processed, err); done {
-		return kept
+	if m.answer(w, r, id, fp, rec, processed, err) {
+		return
 	}
 	stored, err := m.replayed(id, fp, result)
 	switch {
 	case err != nil:
 		m.fail(w, r, err)
-		return nil
+		return
 	case stored.status == 0:
 		m.keyReused(w) // a message ID of another use of this Consumer name
-		return nil
+		return
 	}
+	keep(w, stored)
 	stored.send(w, true)
-	return stored
 }
+
+// leaderWriter is the ResponseWriter of the request that leads its key's
+// flight. Its flight ends, and its turn on the database is given back,
+// before the first byte of its answer is written. By then the key's
+// transaction has ended. So a client that reads the answer and sends the key
+// again at once finds the key free, and its stored answer, instead of the
+// flight in progress (409). A large body is written to the connection while
+// the handler still runs.
+type leaderWriter struct {
+	http.ResponseWriter
+	end     func(kept *response) // ends the flight with the kept answer
+	release func()               // gives the turn back, if one was taken
+	kept    *response
+	ended   bool
+}
+
+// keep records kept as the answer of w's flight, if w leads one, for the
+// requests waiting on the same key. It is called before the answer is sent.
+func keep(w http.ResponseWriter, kept *response) {
+	if lw, ok := w.(*leaderWriter); ok {
+		lw.kept = kept
+	}
+}
+
+// endFlight gives the turn back and ends the flight, once.
+func (w *leaderWriter) endFlight() {
+	if w.ended {
+		return
+	}
+	w.ended = true
+	if w.release != nil {
+		w.release()
+	}
+	w.end(w.kept)
+}
+
+func (w *leaderWriter) WriteHeader(status int) {
+	w.endFlight()
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *leaderWriter) Write(b []byte) (int, error) {
+	w.endFlight()
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap returns the ResponseWriter under w, for http.ResponseController.
+func (w *leaderWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // readBody reads the request's body whole, at most MaxRequestBody bytes
 // within RequestBodyTimeout, or answers the request with why it cannot.
