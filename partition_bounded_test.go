@@ -158,9 +158,10 @@ END LOOP; END $$`, n))
 func TestBoundedClaimRedeliveriesAcrossSwitches(t *testing.T) {
 	t.Parallel()
 	const margin = time.Second
-	// 1 s spans; a Retention of 30 of them, so that the late-message guard
-	// (27 s) stays far from the rounds' redeliveries on a loaded machine.
-	b := setupPartitioned(t, pgdedup.Config{Retention: 30 * time.Second, Partitions: 30, SentAtMargin: margin})
+	// 1 s spans (testSpan); a Retention of 30 of them, so that the
+	// late-message guard (27 spans) stays far from the rounds'
+	// redeliveries on a loaded machine.
+	b := setupPartitioned(t, pgdedup.Config{Retention: 30 * testSpan(time.Second), Partitions: 30, SentAtMargin: margin})
 	keepPartitions(t, b)
 	ctx := ctxT(t)
 	sent := map[string]time.Time{}
@@ -327,17 +328,8 @@ func TestFreshClaim(t *testing.T) {
 	const span = 4 * time.Second
 	b := setupPartitioned(t, pgdedup.Config{Retention: 10 * span, Partitions: 10, SentAtMargin: 100 * time.Millisecond})
 	keepPartitions(t, b)
-	pc, err := pgxpool.ParseConfig(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tracer := &freshTracer{}
-	pc.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(ctxT(t), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, b.db.URL, tracer)
 	clock := func() time.Time { return time.Now().Add(-span / 2) }
 	store, err := pgdedup.New(pool, pgdedup.Config{Consumer: "billing", SentAtMargin: 100 * time.Millisecond})
 	if err != nil {
@@ -377,6 +369,75 @@ func TestFreshClaim(t *testing.T) {
 	if tracer.inserted.Load() == 0 || tracer.again.Load() == 0 {
 		t.Errorf("fresh claims: %d inserted, %d sent again; want some of each", tracer.inserted.Load(), tracer.again.Load())
 	}
+}
+
+// A message sent before the client's current partition looks itself up
+// from its time's partition. On Citus that is a read of sealed, a routed
+// look-up and the routed INSERT, without the claim function while the
+// partitions before are sealed. Messages sent a span and a half ago are
+// delivered by four consumers at once, and again after a switch, when
+// their first claims lie in a partition sealed since; the cleaner seals
+// every 200 ms, so some claims come just after a switch, before the seal.
+// Each order is charged once, and on Citus the routed INSERT claimed some.
+func TestClaimSentBeforeThePartition(t *testing.T) {
+	t.Parallel()
+	const span = 4 * time.Second
+	b := setupPartitioned(t, pgdedup.Config{Retention: 10 * span, Partitions: 10, SentAtMargin: 100 * time.Millisecond})
+	keepPartitions(t, b)
+	tracer := &freshTracer{}
+	store, err := pgdedup.New(tracedPool(t, b.db.URL, tracer), pgdedup.Config{Consumer: "billing", SentAtMargin: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	var ids []string
+	sent := map[string]time.Time{}
+	deliver := func(id string) {
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				if _, err := store.Process(ctx, id, charge(id), pgdedup.WithSentAt(sent[id])); err != nil {
+					t.Errorf("Process %s: %v", id, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	for end := time.Now().Add(2 * span); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		id := fmt.Sprint("m", len(ids))
+		ids, sent[id] = append(ids, id), time.Now().Add(-span*3/2)
+		deliver(id)
+	}
+	waitSwitch(t, b.pool)
+	for _, id := range ids {
+		deliver(id)
+	}
+	charges := chargesPerOrder(t, b.pool)
+	for _, id := range ids {
+		if charges[id] != 1 {
+			t.Errorf("%s charged %d times, want 1", id, charges[id])
+		}
+	}
+	t.Logf("%d messages; routed INSERTs kept: %d", len(ids), tracer.inserted.Load())
+	if pgtest.CitusColumn() != "" && tracer.inserted.Load() == 0 {
+		t.Error("no claim sent before the partition was the routed INSERT on Citus")
+	}
+}
+
+// tracedPool is a pool on url whose statements tracer sees.
+func tracedPool(t *testing.T, url string, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctxT(t), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // On Citus a claim calls pgdedup_partitioned_claim, which now takes the

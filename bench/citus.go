@@ -46,7 +46,7 @@ var citusScenarios = []struct{ key, title string }{
 	{"via-worker", "Citus, co-located, clients connected to a worker instead of the coordinator"},
 	{"partitioned", "Citus, co-located, the Partitioned layout (docs/partitioning.md)"},
 	{"partitioned-time", "Citus, co-located, the Partitioned layout, with a time (`WithSentAt(time.Now())`, `SentAtMargin` 1ms: a fresh claim, one routed `INSERT`)"},
-	{"partitioned-before", "Citus, co-located, the Partitioned layout, with a time 1ms before the current partition (the claim function, looking in it and the one before)"},
+	{"partitioned-before", "Citus, co-located, the Partitioned layout, with a time 1ms before the current partition (a read of `sealed`, a routed look-up in the partition before, the routed `INSERT`)"},
 }
 
 // citusResult is what the citus part measured.

@@ -114,7 +114,7 @@ func TestCitusPart(t *testing.T) {
 	for _, want := range []string{"### Citus (", "| Citus, business row co-located with the claim | ", "| Citus: ClaimBatch (multi-row VALUES",
 		"| Citus, co-located, the Partitioned layout (docs/partitioning.md) | ",
 		"| Citus, co-located, the Partitioned layout, with a time (`WithSentAt(time.Now())`, `SentAtMargin` 1ms: a fresh claim, one routed `INSERT`) | ",
-		"| Citus, co-located, the Partitioned layout, with a time 1ms before the current partition (the claim function, looking in it and the one before) | ",
+		"| Citus, co-located, the Partitioned layout, with a time 1ms before the current partition (a read of `sealed`, a routed look-up in the partition before, the routed `INSERT`) | ",
 		"| Citus, Partitioned layout: ClaimBatch",
 		"| Citus: Cleanup (windows", "Citus: before (the batch that picks rows by ctid) | fails: ", "| Citus: Cleanup rows/s |"} {
 		if !strings.Contains(out.String(), want) {

@@ -41,13 +41,15 @@ import (
 // coordinator's current partition, it neither looks up nor hands over: the
 // claim is one routed INSERT.
 //
-// A fresh claim calls no function. When the time's partition is the
-// client's current one, the claim is that routed INSERT, sent by the
-// client: the coordinator evaluates clock_timestamp() and Citus routes the
-// row to the ID's shard, as on the plain table. It returns the row's
-// processed_at. One outside the client's partition (a clock near a switch,
-// or skewed) is deleted, and the function claims (partitioned's
-// claimRouted). The INSERT takes ROW EXCLUSIVE on the table on the
+// A claim with a time calls no function, but around a switch. When the
+// time's partition is the client's current one, the claim is that routed
+// INSERT, sent by the client: the coordinator evaluates clock_timestamp()
+// and Citus routes the row to the ID's shard, as on the plain table. It
+// returns the row's processed_at. When the time's partition is an older
+// one, the INSERT follows a read of sealed and a look-up of the ID routed
+// to its shard, in one round trip. A row outside the client's partition (a
+// clock near a switch, or skewed), sealed short of it, or the ID found
+// older, is deleted, and the function claims (partitioned's claimRouted). The INSERT takes ROW EXCLUSIVE on the table on the
 // coordinator, which sealing waits for, as the function's lock.
 //
 // The function of the release before took no

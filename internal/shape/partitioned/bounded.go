@@ -230,6 +230,9 @@ const (
 	bounded = iota
 	lean
 	fresh
+	// The reads of a lean routed claim (claimRouted).
+	routedSealed
+	routedLookup
 )
 
 // renderKey is what a rendered statement depends on besides the upper
@@ -343,35 +346,68 @@ func (l *Shape) claimManyBounded(c shape.Many) []shape.Statement {
 	}}}
 }
 
-// claimRouted returns the placement's fresh claim of c (Claims.Fresh), or
-// nil where c or the table has none. It is sent where the statement of a
-// fresh claim cannot be (on Citus: an INSERT … SELECT is pulled through
-// the coordinator). It inserts the ID into the partition of the
-// database's clock, whichever that is, and returns the row's processed_at.
-// Inserting nothing is a conflict: the ID was claimed, a duplicate. A row
-// inside the client's current partition, where the lower bound lies, is
-// the fresh claim of bounded.go. A row outside it is the clock outside
-// that partition: the claim missed, but wrote. It sets c.Wrote, and the
-// claim sent again deletes that row first (shape.One.Undo). The row is
-// this transaction's own and uncommitted, so no other claim has seen it
-// but as a lock to wait for. Deleted, it is as if never written.
+// claimRouted returns the placement's claim of c as statements it routes
+// (Claims.Fresh), or nil where c or the table has none. It is sent where
+// the statements of a fresh or lean claim cannot be (on Citus: an INSERT …
+// SELECT is pulled through the coordinator). It inserts the ID into the
+// partition of the database's clock, whichever that is, and returns the
+// row's processed_at. Inserting nothing is a conflict: the ID was claimed,
+// a duplicate. A row inside the client's current partition, where the
+// lower bound lies, is the fresh claim of bounded.go.
+//
+// When the lower bound lies before the client's current partition, the
+// INSERT comes after two reads, as the lean claim's one statement makes
+// them: whether sealed is the start of the client's current partition, and
+// then whether the ID is in the partitions from the lower bound up to it.
+// The look-up's snapshot is taken after the read of sealed. So if sealed
+// was there, every claim that could write into those partitions had
+// ended before the look-up (cleanup.go's sealPartitions), and the look-up
+// sees its rows. A row inside the client's current partition, sealed there
+// and the ID not found, is the lean claim.
+//
+// Any other row is a guess that missed: the clock outside that partition,
+// a partition before it not sealed yet, or the ID found before it (a
+// duplicate, told apart by the claim sent again). The claim missed, but
+// wrote. It sets c.Wrote, and the claim sent again deletes that row first
+// (shape.One.Undo). The row is this transaction's own and uncommitted, so
+// no other claim has seen it but as a lock to wait for. Deleted, it is as
+// if never written.
 func (l *Shape) claimRouted(c shape.One) []shape.Statement {
 	if l.routedFresh == nil || c.Missed == nil || c.Wrote == nil || c.Tried > 0 || c.Since.IsZero() || l.span <= 0 {
 		return nil
 	}
-	cur := spanStart(l.clock(), l.span)
-	if !spanStart(c.Since, l.span).Equal(cur) {
+	now := l.clock()
+	cur, lower := spanStart(now, l.span), spanStart(c.Since, l.span)
+	var pre []shape.Statement
+	sealed, found := true, false
+	switch {
+	case lower.Equal(cur):
+	case lower.Before(cur) && l.routedLookup != "":
+		sealed = false
+		pre = []shape.Statement{
+			{SQL: l.render(l.routedSealed, renderKey{kind: routedSealed}, time.Time{}, now), Row: func(scan func(dest ...any) error) error {
+				return scan(&sealed)
+			}},
+			{SQL: l.render(l.routedLookup, renderKey{kind: routedLookup}, c.Since, now), Args: c.Args(), Row: func(scan func(dest ...any) error) error {
+				var n int64
+				err := scan(&n)
+				found = n > 0
+				return err
+			}},
+		}
+	default:
 		return nil
 	}
-	sts := plain.ClaimOneWith(c, l.sql, *l.routedFresh)
+	sts := append(pre, plain.ClaimOneWith(c, l.sql, *l.routedFresh)...)
 	claimed, missed, wrote, span := c.Claimed, c.Missed, c.Wrote, l.span
-	sts[0].Affected = nil
-	sts[0].Row = func(scan func(dest ...any) error) error {
+	i := len(pre) // the INSERT
+	sts[i].Affected = nil
+	sts[i].Row = func(scan func(dest ...any) error) error {
 		var at time.Time
 		if err := scan(&at); err != nil {
 			return err
 		}
-		if spanStart(at, span).Equal(cur) {
+		if spanStart(at, span).Equal(cur) && sealed && !found {
 			*claimed = true
 			return nil
 		}
@@ -379,4 +415,14 @@ func (l *Shape) claimRouted(c shape.One) []shape.Statement {
 		return nil
 	}
 	return sts
+}
+
+// routedLean returns the reads of a lean routed claim of table t with meta
+// (claimRouted): whether sealed is the start of the client's current
+// partition, and how many rows the ID has from the lower bound up to it.
+func routedLean(t, meta string) (sealed, lookup string) {
+	sealed = `SELECT coalesce((SELECT p.sealed = ` + curMark + ` FROM ` + meta + ` p WHERE p.parent = '` + t + `'::pg_catalog.regclass), false)`
+	lookup = `SELECT count(*) FROM ` + t + ` x WHERE x.key = $3::uuid AND x.consumer = $1 AND x.message_id = $2
+AND x.processed_at >= ` + lowerMark + ` AND x.processed_at < ` + curMark
+	return sealed, lookup
 }

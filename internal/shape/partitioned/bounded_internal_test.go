@@ -54,7 +54,8 @@ func TestRender(t *testing.T) {
 
 // A placement's fresh claim (Claims.Fresh, on Citus) answers the row's
 // processed_at: inside the client's current partition it claimed, outside
-// it missed but wrote, and nothing is a duplicate. The claim sent again
+// it missed but wrote, and nothing is a duplicate. A claim sent before that
+// partition reads sealed and looks the ID up first. The claim sent again
 // deletes the row written first.
 func TestClaimRouted(t *testing.T) {
 	now := time.Date(2026, 12, 5, 1, 30, 0, 0, time.UTC)
@@ -85,13 +86,58 @@ func TestClaimRouted(t *testing.T) {
 			t.Errorf("%s: claimed %v, missed %v, wrote %s", c.name, claimed, missed, wrote)
 		}
 	}
-	// Sent before the client's partition, or sent again: the placement's
-	// own claim, after the undo when a row was written.
+	// Sent before the client's partition, without the lean reads: the
+	// placement's own claim.
 	var claimed, missed bool
 	var wrote time.Time
 	if sts := l.ClaimOne(oneOf(id, now.Add(-40*time.Minute), &claimed, &missed, &wrote, 0, time.Time{})); len(sts) != 1 || sts[0].SQL != "CLAIM" {
 		t.Errorf("sent before the partition: %+v", sts)
 	}
+	// With them (Citus): sealed read first, then the look-up from the time's
+	// partition up to the client's, then the INSERT. Only a row inside the
+	// client's partition, with sealed there and the ID not found, claims.
+	l.routedSealed, l.routedLookup = routedLean("t", "m")
+	inside := now.Add(5 * time.Minute)
+	for _, c := range []struct {
+		name                   string
+		sealed                 bool
+		found                  int64
+		at                     time.Time
+		claimed, missed, wrote bool
+	}{
+		{"sealed, not found, inside", true, 0, inside, true, false, false},
+		{"not sealed yet", false, 0, inside, false, true, true},
+		{"found before the partition", true, 1, inside, false, true, true},
+		{"outside the partition", true, 0, now.Add(31 * time.Minute), false, true, true},
+	} {
+		var claimed, missed bool
+		var wrote time.Time
+		sts := l.ClaimOne(oneOf(id, now.Add(-100*time.Minute), &claimed, &missed, &wrote, 0, time.Time{}))
+		if len(sts) != 3 || sts[2].SQL != "FRESH" || !strings.Contains(sts[0].SQL, "p.sealed = '2026-12-05 01:00:00+00'") ||
+			!strings.Contains(sts[1].SQL, ">= '2026-12-04 23:00:00+00'::pg_catalog.timestamptz AND x.processed_at < '2026-12-05 01:00:00+00'") {
+			t.Fatalf("%s: %+v, want the two reads and the INSERT", c.name, sts)
+		}
+		for i, v := range []any{c.sealed, c.found, c.at} {
+			if err := sts[i].Row(func(dest ...any) error {
+				switch d := dest[0].(type) {
+				case *bool:
+					*d = v.(bool)
+				case *int64:
+					*d = v.(int64)
+				case *time.Time:
+					*d = v.(time.Time)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if claimed != c.claimed || missed != c.missed || !wrote.IsZero() != c.wrote || (c.wrote && !wrote.Equal(c.at)) {
+			t.Errorf("%s: claimed %v, missed %v, wrote %s", c.name, claimed, missed, wrote)
+		}
+	}
+	// Sent again: the placement's own claim, after the undo when a row was
+	// written.
 	undo := now.Add(31 * time.Minute)
 	sts := l.ClaimOne(oneOf(id, now.Add(-10*time.Minute), &claimed, &missed, &wrote, 1, undo))
 	if len(sts) != 2 || sts[0].SQL != "UNDO" || sts[1].SQL != "CLAIM" || !sts[0].Args[3].(time.Time).Equal(undo) {

@@ -109,9 +109,11 @@ type Shape struct {
 	// (Claims.Since).
 	since bool
 	// routedFresh and undo are the placement's Claims.Fresh and
-	// Claims.Undo.
-	routedFresh *[4]string
-	undo        string
+	// Claims.Undo. With routedFresh, routedSealed and routedLookup are the
+	// statements of a lean routed claim (claimRouted).
+	routedFresh                *[4]string
+	undo                       string
+	routedSealed, routedLookup string
 }
 
 // noStrayCopies: a duplicate must not leave a copy of its ID behind. One
@@ -216,6 +218,9 @@ ON CONFLICT DO NOTHING`
 	if cl := c.Place.Claims(m, c.Meta); cl != nil {
 		l.claimWith, l.claimBatch, l.counted, l.freshWith, l.leanWith, l.boundWith, l.boundBatch = cl.One, cl.Batch, true, nil, nil, nil, ""
 		l.since, l.routedFresh, l.undo = cl.Since, cl.Fresh, cl.Undo
+		if cl.Fresh != nil {
+			l.routedSealed, l.routedLookup = routedLean(t, c.Meta)
+		}
 	}
 	return l
 }
