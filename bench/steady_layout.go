@@ -66,13 +66,17 @@ func preload(ctx context.Context, cfg steadyConfig, pool *pgxpool.Pool, rows int
 // preloadPartitioned loads the partitioned table as a Retention of claims
 // leaves it: one partition per span. Setup made the partitions of the next
 // spans and, for imported IDs, one partition for the whole past Retention;
-// the bench drops the past ones (empty yet) and makes one per span instead,
-// each as the cleaner makes one (a table LIKE the parent, a unique index on
-// key, an index on expires_at, attached for its span). Then it inserts
-// through the parent, which routes every row to the partition of its claim
-// time (processed_at). Setup sealed every partition before the current one,
-// so claims look these up. Rows go in in claim-time order, each partition's
-// key index growing insert by insert, as claims grow it.
+// the bench drops every partition that starts before the current one
+// (empty yet) and makes one per span instead, each as the cleaner makes one
+// (a table LIKE the parent, a unique index on key, an index on expires_at,
+// attached for its span). Setup's past partition ends where its current
+// one started, which is not the current one if a switch came during Setup
+// (on a loaded machine, at CI's 3-second spans). No claim has run yet, so
+// the bench seals every partition before the current one, as Setup does.
+// Then it inserts through the parent, which routes every row to the
+// partition of its claim time (processed_at), so claims look these up. Rows
+// go in in claim-time order, each partition's key index growing insert by
+// insert, as claims grow it.
 func preloadPartitioned(ctx context.Context, pool *pgxpool.Pool, rows int, t0 time.Time, retention time.Duration) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -80,13 +84,15 @@ func preloadPartitioned(ctx context.Context, pool *pgxpool.Pool, rows int, t0 ti
 	}
 	defer conn.Release()
 	var span time.Duration
-	var first, sealed time.Time // the partition of t0 - retention; where the unsealed ones start
-	var past []string           // the partitions before sealed
-	err = conn.QueryRow(ctx, `SELECT span, date_bin(span, $1::timestamptz - $2::interval, '2000-01-01 00:00:00+00'), sealed,
+	var first, current time.Time // the partitions of t0 - retention, and of the clock
+	var past []string            // the partitions that start before current
+	err = conn.QueryRow(ctx, `WITH p AS (SELECT span, date_bin(span, clock_timestamp(), '2000-01-01 00:00:00+00') AS cur
+FROM pgdedup_partitions WHERE parent = 'processed_messages'::regclass)
+SELECT span, date_bin(span, $1::timestamptz - $2::interval, '2000-01-01 00:00:00+00'), cur,
 (SELECT coalesce(array_agg(quote_ident(c.relname::text)), '{}') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
  WHERE i.inhparent = 'processed_messages'::regclass
- AND (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz <= p.sealed)
-FROM pgdedup_partitions p WHERE parent = 'processed_messages'::regclass`, t0, retention).Scan(&span, &first, &sealed, &past)
+ AND (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz < p.cur)
+FROM p`, t0, retention).Scan(&span, &first, &current, &past)
 	if err != nil {
 		return fmt.Errorf("read the partition span: %w", err)
 	}
@@ -95,7 +101,9 @@ FROM pgdedup_partitions p WHERE parent = 'processed_messages'::regclass`, t0, re
 			return fmt.Errorf("drop the past partition %s: %w", name, err)
 		}
 	}
-	current := sealed
+	if _, err := conn.Exec(ctx, `UPDATE pgdedup_partitions SET sealed = $1 WHERE parent = 'processed_messages'::regclass AND sealed < $1`, current); err != nil {
+		return fmt.Errorf("seal the past partitions: %w", err)
+	}
 	for from := first; from.Before(current); from = from.Add(span) {
 		name := fmt.Sprintf("processed_messages_preload_%s", from.UTC().Format("20060102T150405.000"))
 		name = strings.ReplaceAll(name, ".", "m")
