@@ -336,35 +336,7 @@ func TestFreshClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgdedup.SetClock(store, clock)
-	ctx := ctxT(t)
-	var ids []string
-	sent := map[string]time.Time{}
-	deliver := func(id string) {
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Go(func() {
-				if _, err := store.Process(ctx, id, charge(id), pgdedup.WithSentAt(sent[id])); err != nil {
-					t.Errorf("Process %s: %v", id, err)
-				}
-			})
-		}
-		wg.Wait()
-	}
-	for end := time.Now().Add(2 * span); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		id := fmt.Sprint("m", len(ids))
-		ids, sent[id] = append(ids, id), clock()
-		deliver(id)
-	}
-	waitSwitch(t, b.pool)
-	for _, id := range ids {
-		deliver(id)
-	}
-	charges := chargesPerOrder(t, b.pool)
-	for _, id := range ids {
-		if charges[id] != 1 {
-			t.Errorf("%s charged %d times, want 1", id, charges[id])
-		}
-	}
+	ids := deliverTwiceByFour(t, b, store, span, clock)
 	t.Logf("%d messages; fresh claims: %d inserted, %d sent again", len(ids), tracer.inserted.Load(), tracer.again.Load())
 	if tracer.inserted.Load() == 0 || tracer.again.Load() == 0 {
 		t.Errorf("fresh claims: %d inserted, %d sent again; want some of each", tracer.inserted.Load(), tracer.again.Load())
@@ -389,6 +361,19 @@ func TestClaimSentBeforeThePartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ids := deliverTwiceByFour(t, b, store, span, func() time.Time { return time.Now().Add(-span * 3 / 2) })
+	t.Logf("%d messages; routed INSERTs kept: %d", len(ids), tracer.inserted.Load())
+	if pgtest.CitusColumn() != "" && tracer.inserted.Load() == 0 {
+		t.Error("no claim sent before the partition was the routed INSERT on Citus")
+	}
+}
+
+// deliverTwiceByFour sends a new message every 50 ms for two spans, each
+// with sentAt's time and delivered by four consumers at once, then, after a
+// switch, delivers them all again. It checks that each order was charged
+// once and returns the IDs.
+func deliverTwiceByFour(t *testing.T, b *bundle, store *pgdedup.Store, span time.Duration, sentAt func() time.Time) []string {
+	t.Helper()
 	ctx := ctxT(t)
 	var ids []string
 	sent := map[string]time.Time{}
@@ -405,7 +390,7 @@ func TestClaimSentBeforeThePartition(t *testing.T) {
 	}
 	for end := time.Now().Add(2 * span); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		id := fmt.Sprint("m", len(ids))
-		ids, sent[id] = append(ids, id), time.Now().Add(-span*3/2)
+		ids, sent[id] = append(ids, id), sentAt()
 		deliver(id)
 	}
 	waitSwitch(t, b.pool)
@@ -418,10 +403,7 @@ func TestClaimSentBeforeThePartition(t *testing.T) {
 			t.Errorf("%s charged %d times, want 1", id, charges[id])
 		}
 	}
-	t.Logf("%d messages; routed INSERTs kept: %d", len(ids), tracer.inserted.Load())
-	if pgtest.CitusColumn() != "" && tracer.inserted.Load() == 0 {
-		t.Error("no claim sent before the partition was the routed INSERT on Citus")
-	}
+	return ids
 }
 
 // tracedPool is a pool on url whose statements tracer sees.
