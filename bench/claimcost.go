@@ -42,6 +42,11 @@ type claimCostConfig struct {
 	workers    int           // -claimcost-workers
 	business   bool          // -claimcost-business-row: Process inserts one business row
 	explains   int           // EXPLAIN ANALYZE runs per table
+	// via is -claimcost-via: the rounds' pools connect through it (a
+	// PgBouncer in transaction mode in front of the same database); the
+	// set-up and the profile connect directly.
+	via     string
+	bouncer string // what -claimcost-via runs and how it is set, for the report
 }
 
 // claimRetention is every table's Retention: partitions of minutes, so that
@@ -116,6 +121,7 @@ type claimTable struct {
 	schema string
 	tracer *claimTracer
 	pc     *pgxpool.Config // its pools' configuration
+	rounds *pgxpool.Config // the rounds' pools' (pc unless -claimcost-via)
 	scfg   pgdedup.Config
 	pool   *pgxpool.Pool // open while it is set up and profiled, and in each round
 	store  *pgdedup.Store
@@ -221,11 +227,11 @@ func claimCost(ctx context.Context, cfg config, stdout, stderr io.Writer) error 
 	for r := range c.rounds {
 		for i := range tables {
 			t := tables[(i+r)%len(tables)]
-			err := t.open(ctx)
+			err := t.openWith(ctx, t.rounds)
 			if err == nil {
 				err = t.runRound(ctx, c)
 			}
-			if err == nil && r == c.rounds-1 {
+			if err == nil && r == c.rounds-1 && c.via == "" {
 				err = t.pool.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) FROM pg_prepared_statements
 WHERE statement LIKE '%ON CONFLICT%'`).Scan(&t.generic, &t.custom)
 			}
@@ -237,6 +243,12 @@ WHERE statement LIKE '%ON CONFLICT%'`).Scan(&t.generic, &t.custom)
 		}
 	}
 	prog.finish()
+	if c.via != "" {
+		var err error
+		if c.bouncer, err = bouncerInfo(ctx, c.via); err != nil {
+			return fmt.Errorf("claimcost: -claimcost-via: %w", err)
+		}
+	}
 	md := claimCostMarkdown(cfg, c, tables, server, start, loadBefore)
 	return write(cfg, stdout, md)
 }
@@ -265,7 +277,18 @@ func setUpClaimTable(ctx context.Context, url, schema string, v claimVariant, c 
 	}
 	pc.MaxConns = int32(c.workers + 1)
 	pc.ConnConfig.Tracer = t.tracer
-	t.pc = pc
+	t.pc, t.rounds = pc, pc
+	if c.via != "" {
+		// PgBouncer refuses search_path as a startup parameter: the store's
+		// table and the ledger are qualified instead.
+		if t.rounds, err = pgxpool.ParseConfig(c.via); err != nil {
+			return t, err
+		}
+		t.rounds.ConnConfig.RuntimeParams["application_name"] = "pgdedup-bench-claimcost"
+		t.rounds.ConnConfig.DefaultQueryExecMode = pc.ConnConfig.DefaultQueryExecMode
+		t.rounds.MaxConns = pc.MaxConns
+		t.rounds.ConnConfig.Tracer = t.tracer
+	}
 	t.scfg = pgdedup.Config{Consumer: consumer, Retention: claimRetention, Table: t.schema + ".processed_messages"}
 	if v.partitions > 0 {
 		t.scfg.Layout, t.scfg.Partitions = pgdedup.LayoutPartitioned, v.partitions
@@ -329,9 +352,12 @@ WHERE i.inhparent = 'processed_messages'::regclass ORDER BY 1`)
 }
 
 // open opens t's pool and store.
-func (t *claimTable) open(ctx context.Context) error {
+func (t *claimTable) open(ctx context.Context) error { return t.openWith(ctx, t.pc) }
+
+// openWith opens t's pool with pc, and its store.
+func (t *claimTable) openWith(ctx context.Context, pc *pgxpool.Config) error {
 	var err error
-	if t.pool, err = pgxpool.NewWithConfig(ctx, t.pc); err != nil {
+	if t.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return err
 	}
 	t.store, err = pgdedup.New(t.pool, t.scfg)
@@ -500,7 +526,7 @@ func (t *claimTable) runRound(ctx context.Context, c claimCostConfig) error {
 					if !c.business {
 						return nil
 					}
-					_, err := tx.Exec(ctx, `INSERT INTO claimcost_ledger (message_id, amount) VALUES ($1, 1)`, id)
+					_, err := tx.Exec(ctx, `INSERT INTO `+t.schema+`.claimcost_ledger (message_id, amount) VALUES ($1, 1)`, id)
 					return err
 				}, t.opts()...)
 				if err != nil {
@@ -663,7 +689,12 @@ func claimCostMarkdown(cfg config, c claimCostConfig, tables []*claimTable, serv
 		"%d interleaved rounds of %s per table (the order rotating); the median round, and as a ratio to the plain table "+
 		"in the same state and exec mode (the median of the rounds' ratios); latency over all rounds. Exec mode: pgx's `QueryExecModeExec` (unnamed statements, "+
 		"planned on every execution, as `default_query_exec_mode=exec` behind PgBouncer). Plans: generic and custom plans of the "+
-		"claim statement on one connection of the table's pool after the rounds (pg_prepared_statements; pgx prepares and caches it)\n\n", fn, c.workers, c.rounds, c.round)
+		"claim statement on one connection of the table's pool after the rounds (pg_prepared_statements; pgx prepares and caches it)\n", fn, c.workers, c.rounds, c.round)
+	if c.via != "" {
+		p("- Through PgBouncer: the rounds' pools connect through `%s` (%s); the set-up, the locks, the plans and the statement times "+
+			"connect directly. Its server connections serve every table's pool, so the plans column is left out\n", c.via, c.bouncer)
+	}
+	p("\n")
 	p("With a time: each claim passes `pgdedup.WithSentAt`, with `SentAtMargin` %s on the partitioned tables: \"with a time\" is a message created now, "+
 		"so its claim is bound in the current partition (a fresh claim, one `INSERT`); \"sent before its partition\" is one created %s before the current "+
 		"partition began, bound in the previous one, which is sealed (a look-up there, then the insert). Their ÷ plain is against the plain table's claims with a time.\n\n", claimMargin, claimMargin)
@@ -675,8 +706,12 @@ func claimCostMarkdown(cfg config, c claimCostConfig, tables []*claimTable, serv
 		if t.partitions > 0 {
 			parts = strconv.Itoa(t.partitionCount)
 		}
-		p("| %s | %s | %d | %d | %.3f ms | %.3f ms | %d, %d | %s | %.2f× | %s ms | %s ms |\n", t.name, parts, t.locks, t.slow, t.planMS, t.execMS,
-			t.generic, t.custom, count(median(t.rate)), rateRatio(t, base), ms(latencyAt(t.lat, 0.5)), ms(latencyAt(t.lat, 0.99)))
+		plans := fmt.Sprintf("%d, %d", t.generic, t.custom)
+		if c.via != "" {
+			plans = "–"
+		}
+		p("| %s | %s | %d | %d | %.3f ms | %.3f ms | %s | %s | %.2f× | %s ms | %s ms |\n", t.name, parts, t.locks, t.slow, t.planMS, t.execMS,
+			plans, count(median(t.rate)), rateRatio(t, base), ms(latencyAt(t.lat, 0.5)), ms(latencyAt(t.lat, 0.99)))
 	}
 	claimCostTargets(p, tables)
 	p("\n| table | claim statement | its look-up alone | its insert alone | empty statement (round trip) |\n|---|--:|--:|--:|--:|\n")
@@ -686,4 +721,43 @@ func claimCostMarkdown(cfg config, c claimCostConfig, tables []*claimTable, serv
 		}
 	}
 	return b.String()
+}
+
+// bouncerInfo is the version and the pooling settings of the PgBouncer at
+// url, read from its admin console (the database pgbouncer).
+func bouncerInfo(ctx context.Context, url string) (string, error) {
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "", err
+	}
+	cc.Database = "pgbouncer"
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var version string
+	if err := conn.QueryRow(ctx, `SHOW VERSION`).Scan(&version); err != nil {
+		return "", err
+	}
+	rows, err := conn.Query(ctx, `SHOW CONFIG`)
+	if err != nil {
+		return "", err
+	}
+	settings := map[string]string{}
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return "", err
+		}
+		if len(vals) >= 2 {
+			settings[fmt.Sprint(vals[0])] = fmt.Sprint(vals[1])
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s, pool_mode %s, max_prepared_statements %s, default_pool_size %s",
+		version, settings["pool_mode"], cmp.Or(settings["max_prepared_statements"], "– (before 1.21)"), settings["default_pool_size"]), nil
 }

@@ -139,6 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.claimCost.round, "claimcost-round", 2*time.Second, "claimcost: how long each table runs in each round")
 	fs.IntVar(&c.claimCost.workers, "claimcost-workers", 8, "claimcost: concurrent Process calls")
 	fs.BoolVar(&c.claimCost.business, "claimcost-business-row", false, "claimcost: Process inserts one business row in the claim's transaction (issue 29's measure), instead of nothing")
+	fs.StringVar(&c.claimCost.via, "claimcost-via", "", "claimcost: a URL of the same database through PgBouncer (transaction mode): the throughput rounds connect through it, the set-up and the profile directly")
 	fs.StringVar(&c.out, "o", "", "also write the markdown to this file")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (client side) to this file")
 	fs.StringVar(&c.sizingDoc, "sizing-doc", "", "measure nothing: write the WAL table of this file (docs/sizing.md) again from results/steady-*.md")
