@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"math"
 	"testing"
 	"time"
 
@@ -9,22 +8,27 @@ import (
 )
 
 // The model against the steady bench (bench/results/steady-*.md, Retention
-// 192 checkpoint cycles): full-page images per message above the empty
-// table's 0.019 were 0.667 on the plain table, 0.036 with 12 partitions and
-// 0.088 with 6. A uuid key index filled by random inserts holds about 212
-// rows per page (500,000 random keys: 19.4 MB).
+// 192 checkpoint cycles, windows of whole spans): the cluster's full-page
+// images per message at steady state were 0.686 on the plain table, 0.040
+// with 12 partitions, 0.020 with 24 and 0.012 with 48. The model counts the
+// key index's alone, so it gives a little less: the rest are the heap's, the
+// business table's and the expires_at index's. (The empty table's run is no
+// baseline to subtract: its current partition, or its plain index, grows
+// from empty over the window too.) A uuid key index filled by random inserts
+// holds about 212 rows per page (500,000 random keys: 19.4 MB).
 func TestWALModelMatchesTheSteadyBench(t *testing.T) {
 	const perPage, cycles = 212.0, 192.0
 	for _, tc := range []struct {
 		name      string
 		got, want float64
 	}{
-		{"plain", imagesPerClaim(cycles / perPage), 0.667},
-		{"partitioned, 12", imagesPerClaimGrowing(cycles / 12 / perPage), 0.036},
-		{"partitioned, 6", imagesPerClaimGrowing(cycles / 6 / perPage), 0.088},
+		{"plain", imagesPerClaim(cycles / perPage), 0.686},
+		{"partitioned, 12", imagesPerClaimGrowing(cycles / 12 / perPage), 0.040},
+		{"partitioned, 24", imagesPerClaimGrowing(cycles / 24 / perPage), 0.020},
+		{"partitioned, 48", imagesPerClaimGrowing(cycles / 48 / perPage), 0.012},
 	} {
-		if math.Abs(tc.got-tc.want) > 0.2*tc.want {
-			t.Errorf("%s: the model gives %.3f images per claim, the bench measured %.3f", tc.name, tc.got, tc.want)
+		if r := tc.got / tc.want; r < 0.75 || r > 1.05 {
+			t.Errorf("%s: the model gives %.3f images per claim, %.2f× the %.3f the bench measured (want 0.75× to 1.05×: the key index's share)", tc.name, tc.got, r, tc.want)
 		}
 	}
 }
