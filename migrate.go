@@ -70,6 +70,10 @@ var ErrMigratedByAnotherTool = errors.New("pgdedup: processed_messages was creat
 // [VersionTable] may still call Migrate at startup: when nothing is pending it
 // only reads that table and returns nil; when something is, it fails at once,
 // changing nothing, and the owner applies it (`pgdedup migrate up`).
+//
+// It uses two of db's connections at once: goose holds one for the run, and
+// its lock takes another. A db limited to one (SetMaxOpenConns(1)) gets an
+// error before anything runs; over a pgxpool.Pool, give the pool two.
 func Migrate(ctx context.Context, db *sql.DB) error { return migrator.Up(ctx, db) }
 
 // CheckMigrationOwner returns nil when pgdedup's own migrations may run on db:
@@ -100,8 +104,13 @@ func CheckMigrationOwner(ctx context.Context, db *sql.DB) error {
 // goose's major version.
 //
 // Do not call the Provider's Close unless you mean to close db: goose closes
-// the *sql.DB it was given.
-func NewMigrationProvider(db *sql.DB) (*goose.Provider, error) { return migrator.Provider(db) }
+// the *sql.DB it was given. Like [Migrate], it refuses a db of one connection.
+func NewMigrationProvider(db *sql.DB) (*goose.Provider, error) {
+	if err := migrate.TwoConnections(db); err != nil {
+		return nil, err
+	}
+	return migrator.Provider(db)
+}
 
 // MigrationLockHolder says who holds the migration lock of [LockTable] on db
 // and since when, or returns "" when no process holds it (or the table does

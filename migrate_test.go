@@ -61,6 +61,32 @@ WHERE i.indrelid = to_regclass($1) AND i.indnatts = 1 AND a.attname = 'expires_a
 
 // The files work with plain goose too, as a team running its own goose would
 // use them: default version table, files copied from Migrations.
+// A *sql.DB of one connection would wait forever inside goose (its run holds
+// the connection its lock needs): Migrate says so before it starts.
+func TestMigrateRefusesOneConnection(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewUnmigrated(t)
+	ctx, cancel := context.WithTimeout(ctxT(t), 30*time.Second)
+	defer cancel()
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	sqlDB.SetMaxOpenConns(1)
+	err := pgdedup.Migrate(ctx, sqlDB)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "SetMaxOpenConns(1)") {
+		t.Fatalf("Migrate on a *sql.DB of one connection: %v (context: %v); want the two-connections error at once", err, ctx.Err())
+	}
+	if n := pgtest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, db.Schema); n != 0 {
+		t.Errorf("Migrate made %d tables although it refused", n)
+	}
+	if _, err := pgdedup.NewMigrationProvider(sqlDB); err == nil || !strings.Contains(err.Error(), "SetMaxOpenConns(1)") {
+		t.Errorf("NewMigrationProvider on a *sql.DB of one connection: %v; want the two-connections error", err)
+	}
+	sqlDB.SetMaxOpenConns(2)
+	if err := pgdedup.Migrate(ctx, sqlDB); err != nil {
+		t.Fatalf("Migrate with two connections: %v", err)
+	}
+}
+
 func TestMigrationsWithPlainGoose(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewUnmigrated(t)

@@ -32,9 +32,29 @@ type Migrator struct {
 	ErrOtherTool error
 }
 
+// ErrOneConnection is returned by Up, before it touches the database, when db
+// allows only one open connection.
+var ErrOneConnection = errors.New("pgdedup: migrations need two connections of the *sql.DB at once " +
+	"(goose holds one for the run while its lock takes another), and this one allows one (SetMaxOpenConns(1)): " +
+	"it would wait forever; allow two, or migrate with another *sql.DB")
+
+// TwoConnections returns ErrOneConnection when db allows only one open
+// connection: goose's run holds one, and its lock waits for another. (A
+// *sql.DB over a pgxpool.Pool of one connection waits alike, but its limit
+// cannot be seen from here.)
+func TwoConnections(db *sql.DB) error {
+	if db.Stats().MaxOpenConnections == 1 {
+		return ErrOneConnection
+	}
+	return nil
+}
+
 // Up applies the migrations db has not seen yet.
 // It first checks that pgdedup's own migrations own the table.
 func (m Migrator) Up(ctx context.Context, db *sql.DB) error {
+	if err := TwoConnections(db); err != nil {
+		return err
+	}
 	if err := m.CheckOwner(ctx, db); err != nil {
 		return err
 	}
