@@ -182,6 +182,12 @@ func claimVariants(c claimCostConfig) []claimVariant {
 func claimCost(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	c := cfg.claimCost
 	start, loadBefore := time.Now(), loadAverage()
+	if c.via != "" { // before any work: a wrong URL fails at once
+		var err error
+		if c.bouncer, err = bouncerInfo(ctx, c.via); err != nil {
+			return fmt.Errorf("claimcost: -claimcost-via: %w", err)
+		}
+	}
 	nonce := randomHex(3)
 	variants := claimVariants(c)
 	prog := newProgress(stderr, len(variants)*(2+c.rounds))
@@ -243,12 +249,6 @@ WHERE statement LIKE '%ON CONFLICT%'`).Scan(&t.generic, &t.custom)
 		}
 	}
 	prog.finish()
-	if c.via != "" {
-		var err error
-		if c.bouncer, err = bouncerInfo(ctx, c.via); err != nil {
-			return fmt.Errorf("claimcost: -claimcost-via: %w", err)
-		}
-	}
 	md := claimCostMarkdown(cfg, c, tables, server, start, loadBefore)
 	return write(cfg, stdout, md)
 }
