@@ -237,16 +237,33 @@ func (r *soakResult) judge(ledgerRows, processed int64) {
 	// Retention of rows to half time. Sizes rise and fall with autovacuum's
 	// runs, so the peaks of the two halves are compared, not a peak with
 	// whatever the last sample before half time caught.
-	var maxRows, maxDead, sizeBase, maxSize, sizeEnd int64
+	//
+	// The size check asks whether the table reuses the space the cleaner
+	// frees, not whether it is flat to the page: a table that holds a few
+	// thousand rows settles in steps, one step each time autovacuum comes late
+	// while the inserts go on (a CI run grew 1.39 MB to 1.61 MB, 1.16x, in one
+	// step at 85 s of 120 and stayed there). A table that reused nothing would
+	// grow by a whole table (a Retention of rows) every Retention, about 3x by the
+	// end of CI's 2-minute soak; the bound of 1.25x lets the table settle and
+	// still fails it, in runs of any length.
+	var maxRows, maxDead, sizeBase, maxSize, sizeEnd, rowsBase int64
+	var baseAt time.Duration
 	for _, s := range r.samples {
 		if s.at < half {
-			if s.at >= r.cfg.retention {
-				sizeBase = max(sizeBase, s.heap+s.index)
+			if s.at >= r.cfg.retention && s.heap+s.index >= sizeBase {
+				sizeBase, rowsBase, baseAt = s.heap+s.index, s.rows, s.at
 			}
 			continue
 		}
 		maxRows, maxDead = max(maxRows, s.rows), max(maxDead, s.dead)
 		maxSize, sizeEnd = max(maxSize, s.heap+s.index), s.heap+s.index
+	}
+	// noReuse is the size the table would reach by the end if it reused
+	// none of the space freed, at the bytes per row it had at sizeBase.
+	var noReuse int64
+	if rowsBase > 0 {
+		perRow := float64(sizeBase) / float64(rowsBase)
+		noReuse = sizeBase + int64(perRow*float64(r.cfg.rate)*(r.cfg.duration-baseAt).Seconds())
 	}
 	add := func(key string, ok bool, format string, args ...any) {
 		r.checks = append(r.checks, soakCheck{key, fmt.Sprintf(format, args...), ok})
@@ -258,9 +275,9 @@ func (r *soakResult) judge(ledgerRows, processed int64) {
 		"0 duplicates let through: %d redeliveries sent, %d business rows for %d messages", r.dupsSent, ledgerRows, r.sent)
 	add("rows", float64(maxRows) <= 1.3*steady, "rows ≤ 1.3 × rate × retention over the last half: at most %d, bound %.0f", maxRows, 1.3*steady)
 	add("dead", float64(maxDead) <= steady, "dead tuples ≤ rate × retention over the last half: at most %d, bound %.0f", maxDead, steady)
-	add("size", sizeBase > 0 && float64(maxSize) <= 1.2*float64(sizeBase) && float64(sizeEnd) <= 1.1*float64(sizeBase),
-		"table + indexes flat over the last half: at most %s from %s (the table's first Retention of rows) to half time, at most %s after, %s at the end (bounds 1.2× and 1.1×)",
-		mb(sizeBase), r.cfg.retention, mb(maxSize), mb(sizeEnd))
+	add("size", sizeBase > 0 && float64(maxSize) <= 1.25*float64(sizeBase),
+		"table + indexes settled over the last half: at most %s from %s (the table's first Retention of rows) to half time, at most %s after (%.2f×, bound 1.25×), %s at the end; reusing no space, the table would reach about %s",
+		mb(sizeBase), r.cfg.retention, mb(maxSize), float64(maxSize)/float64(max(sizeBase, 1)), mb(sizeEnd), mb(noReuse))
 	add("p99", r.p99First > 0 && float64(r.p99Last) <= 1.5*float64(r.p99First),
 		"Process p99 of the last %s ≤ 1.5 × that of the %s from %s (the table's first Retention of rows): %s ms vs %s ms (%.2f×)",
 		r.window, r.window, r.cfg.retention, ms(r.p99Last), ms(r.p99First),

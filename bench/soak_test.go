@@ -101,3 +101,36 @@ func TestSoakTableAutovacuumFlag(t *testing.T) {
 		}
 	}
 }
+
+// The size check passes a table that settles in a step (CI's failed run of
+// 2026-12-06: 1.39 MB to 1.61 MB at 85 s, 1.16×) and fails one that reuses no
+// space, which grows by its first Retention's size every Retention.
+func TestSoakSizeCheck(t *testing.T) {
+	cfg := soakConfig{rate: 200, retention: 30 * time.Second, duration: 2 * time.Minute}
+	const mib = 1 << 20
+	at := func(i int) time.Duration { return time.Duration(i+1) * 5 * time.Second }
+	var ci, noReuse []soakSample
+	for i, size := range []float64{0.34, 0.40, 0.58, 0.70, 0.89, 1.19, 1.21, 1.27, 1.31, 1.38, 1.39, 1.40,
+		1.40, 1.40, 1.40, 1.40, 1.61, 1.61, 1.61, 1.61, 1.61, 1.61, 1.61, 1.61} {
+		ci = append(ci, soakSample{at: at(i), rows: min(6000, 1000*int64(i+1)), heap: int64(size * mib)})
+	}
+	// No space reused: the cleaner deletes, but every row stays in the table
+	// at 234 B (CI's table: 1.4 MB for 6000 rows), 200 rows a second.
+	for i := range 24 {
+		rows := 1000 * int64(i+1)
+		noReuse = append(noReuse, soakSample{at: at(i), rows: min(6000, rows), heap: rows * 234})
+	}
+	for _, c := range []struct {
+		name    string
+		samples []soakSample
+		ok      bool
+	}{{"settled in a step", ci, true}, {"no space reused", noReuse, false}} {
+		r := soakResult{cfg: cfg, samples: c.samples}
+		r.judge(0, 0)
+		got := r.check("size")
+		t.Logf("%s: %s", c.name, got.what)
+		if got.ok != c.ok {
+			t.Errorf("%s: ok=%v, want %v: %s", c.name, got.ok, c.ok, got.what)
+		}
+	}
+}
