@@ -18,10 +18,11 @@ import (
 // older partition unsealed (the claim's row and its hand-over copy) and once
 // Cleanup sealed it (found by look-up); the handler ran once.
 //
-// Setup makes only a few partitions ahead (8 s of them here); a Cleanup
-// makes the runway, as the cleaner a user runs beside it would. Without it, a
-// loaded Citus cluster took longer than those 8 s to reach the first request,
-// whose claim found no partition (a 500).
+// Setup makes only a few partitions ahead (3 spans, 6-8 s here); a Cleanup
+// makes the runway, as the cleaner a user runs beside it would. Without it,
+// the first request got a 500 once on a loaded Citus cluster, most likely a
+// claim that came after those seconds and found no partition (nothing was
+// logged then; a failure now prints what the middleware logged).
 func TestStoredResponsesOnPartitionedTable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
